@@ -1,0 +1,63 @@
+// The sharding ILP as plain data (named CSC arrays, as handed to HiGHS), how it is built from
+// per-group strategy costs and pairwise resharding costs, and a solver-free evaluator.
+//
+// Formulation: group g has one binary column s[g][k] per strategy k with sum_k s[g][k] = 1.
+// An edge (u, v, R) between two groups with more than one strategy each gets continuous columns
+// e[i][j] in [0, 1] with sum_j e[i][j] = s[u][i] and sum_i e[i][j] = s[v][j] (exact for binary s)
+// and cost R[i][j]. Edges touching a one-strategy group, and edges with u == v (cost R[i][i]),
+// fold into linear costs. An equality (u, v, match) forces s[u][i] = s[v][match[i]] (match -1:
+// s[u][i] = 0).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace alpa {
+
+struct IlpEdge {
+  int64_t u = 0, v = 0;
+  std::vector<double> cost;  // |S_u| x |S_v|, row-major
+};
+
+struct IlpEquality {
+  int64_t u = 0, v = 0;
+  std::vector<int64_t> match;  // for each strategy of u: the strategy of v it must equal, or -1
+};
+
+struct IlpProblem {
+  // --- HiGHS model (columns = variables, CSC matrix) ---
+  int64_t num_cols = 0, num_rows = 0;
+  std::vector<double> col_cost, col_lower, col_upper;
+  std::vector<int8_t> integrality;  // 1 = integer (binary with bounds 0/1), 0 = continuous
+  std::vector<int64_t> a_start;     // [num_cols + 1]
+  std::vector<int32_t> a_index;     // row of each nonzero
+  std::vector<double> a_value;
+  std::vector<double> row_lower, row_upper;
+  double offset = 0.0;              // constant part of the objective
+  // --- structure, for decoding and evaluate() ---
+  std::vector<int64_t> group_var_start;  // [G + 1]: s-columns of group g
+  std::vector<std::vector<double>> group_costs;  // the linear costs as given
+  std::vector<IlpEdge> edges;            // as given
+  std::vector<IlpEquality> equalities;   // as given
+  int64_t num_edge_vars = 0;             // e-columns created
+  int64_t num_groups() const { return static_cast<int64_t>(group_costs.size()); }
+};
+
+IlpProblem build_ilp(std::vector<std::vector<double>> group_costs, std::vector<IlpEdge> edges,
+                     std::vector<IlpEquality> equalities);
+
+struct EvalResult {
+  double objective = 0.0;    // linear + edge costs (+ offset)
+  double linear_cost = 0.0;
+  double edge_cost = 0.0;
+  std::vector<std::string> violations;  // human-readable; empty = feasible
+};
+
+// From a strategy index per group (no solver).
+EvalResult evaluate(const IlpProblem& p, const std::vector<int64_t>& assignment);
+// From a full column vector: objective c.x + offset, and violated bounds / rows / integrality.
+EvalResult evaluate_columns(const IlpProblem& p, const std::vector<double>& x, double tol = 1e-6);
+// Strategy index per group from a column vector (argmax of each group's s-columns).
+std::vector<int64_t> decode_assignment(const IlpProblem& p, const std::vector<double>& x);
+
+}  // namespace alpa

@@ -1,0 +1,58 @@
+// Per-op sharding strategies and the registry of rules that generate them (one rule per op family).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "alpa/graph.h"
+#include "alpa/mesh.h"
+#include "alpa/spec.h"
+
+namespace alpa {
+
+struct CoreOptions {
+  // Heavy ops (dot, convolution) may run replicated on a mesh axis of size > 1 only if no strategy
+  // uses every such axis (Alpa: "we disallow replicated computation for heavy operators").
+  bool allow_replicated_heavy_ops = false;
+  // Cost per FLOP of per-device compute (tie-breaker between otherwise equal strategies).
+  double compute_cost_per_flop = 1e-9;
+  // Merge followers (elementwise, transpose, reduce, output, ...) into the node they follow.
+  bool merge_followers = true;
+  // Nodes whose output has at most this many elements are computed replicated (one strategy).
+  int64_t replicate_below_numel = 1;
+};
+
+struct Strategy {
+  Spec out;                 // spec of the node's result
+  std::vector<Spec> ins;    // required spec of each operand (same order as graph operands)
+  double compute = 0.0;     // compute cost (already weighted by compute_cost_per_flop)
+  double comm = 0.0;        // communication inside the op (e.g. all-reduce of partial sums)
+  std::string name;         // e.g. "dot b0->x rfree->y"
+};
+
+struct NodeStrategies {
+  std::vector<Strategy> list;
+  // If >= 0: this node follows operand node `follow`: list[k] corresponds 1:1 to the leader's
+  // strategy k (same length, derived from it), and the node is merged into the leader's ILP group.
+  int64_t follow = -1;
+};
+
+// Context given to each rule. `done[u]` holds the strategies of every node u < v already built,
+// so a rule can build a follower list from its leader's list.
+struct RuleContext {
+  const Graph& graph;
+  const Mesh& mesh;
+  const CoreOptions& options;
+  const std::vector<NodeStrategies>& done;
+};
+
+using RuleFn = std::function<NodeStrategies(const RuleContext&, int64_t v)>;
+
+// One rule per OpKind (registered in src/rules/*.cc).
+const RuleFn& rule_for(OpKind kind);
+void register_rule(OpKind kind, RuleFn fn);
+
+// FLOPs of node v (dot: 2*prod(out)*prod(contracting); conv likewise; others: numel).
+double node_flops(const Graph& g, int64_t v);
+
+}  // namespace alpa

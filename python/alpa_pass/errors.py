@@ -1,0 +1,37 @@
+"""Typed errors. Every message says what went wrong *and* what to change."""
+
+
+class AlpaPassError(Exception):
+    """Base class of every error alpa_pass raises on purpose."""
+
+
+class MeshError(AlpaPassError, ValueError):
+    """The logical mesh does not fit the devices (shape, alpha/beta lengths, device count)."""
+
+
+class ShardingError(AlpaPassError, ValueError):
+    """A requested or saved sharding cannot be applied (e.g. a dim not divisible by its axis)."""
+
+
+class TraceError(AlpaPassError):
+    """JAX could not trace or lower the function being parallelized."""
+
+
+class ExtractError(AlpaPassError):
+    """The StableHLO module holds something the extractor cannot represent (e.g. dynamic shapes)."""
+
+
+class InfeasibleError(AlpaPassError):
+    """The sharding ILP has no solution (e.g. memory budget too small)."""
+
+
+class SolverError(AlpaPassError):
+    """HiGHS failed or stopped without a usable solution."""
+
+
+class EmitError(AlpaPassError):
+    """A plan could not be written back into the module (module and plan do not match)."""
+
+
+class CompileError(AlpaPassError):
+    """XLA rejected the annotated module."""

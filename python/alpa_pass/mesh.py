@@ -1,0 +1,102 @@
+"""The logical device mesh a plan is made for."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from alpa_pass.errors import MeshError
+
+_DEFAULT_AXIS_NAMES = ("x", "y", "z", "w")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogicalMesh:
+    """An N-D logical view of devices with an alpha-beta communication cost per axis.
+
+    Args:
+      shape: devices along each axis, e.g. ``(2, 4)``; the product must equal the device count.
+      alpha: latency of one collective on each axis (default 1.0 per axis).
+      beta: cost per byte on each axis (default 1.0 per axis). A smaller beta means a faster axis.
+      axis_names: names used in ``PartitionSpec``s (default ``"x", "y", "z", "w"``).
+      devices: the devices, in mesh order (default: the first ``prod(shape)`` of ``jax.devices()``).
+    """
+
+    shape: tuple[int, ...]
+    alpha: tuple[float, ...] | None = None
+    beta: tuple[float, ...] | None = None
+    axis_names: tuple[str, ...] | None = None
+    devices: tuple | None = None
+
+    def __post_init__(self):
+        shape = tuple(int(s) for s in self.shape)
+        if not shape or any(s < 1 for s in shape):
+            raise MeshError(f"LogicalMesh shape must be a non-empty tuple of positive ints, got {self.shape}")
+        n = len(shape)
+        alpha = tuple(float(a) for a in (self.alpha if self.alpha is not None else (1.0,) * n))
+        beta = tuple(float(b) for b in (self.beta if self.beta is not None else (1.0,) * n))
+        for name, vals in (("alpha", alpha), ("beta", beta)):
+            if len(vals) != n:
+                raise MeshError(f"LogicalMesh {name} has {len(vals)} entries but the mesh has {n} axes "
+                                f"(shape {shape}); give one {name} per axis")
+            if any(not math.isfinite(v) or v < 0 for v in vals):
+                raise MeshError(f"LogicalMesh {name}={vals} must be finite and >= 0")
+        names = self.axis_names
+        if names is None:
+            names = _DEFAULT_AXIS_NAMES[:n] if n <= len(_DEFAULT_AXIS_NAMES) else tuple(f"a{i}" for i in range(n))
+        names = tuple(str(a) for a in names)
+        if len(names) != n or len(set(names)) != n:
+            raise MeshError(f"LogicalMesh axis_names {names} must be {n} distinct names")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "alpha", alpha)
+        object.__setattr__(self, "beta", beta)
+        object.__setattr__(self, "axis_names", names)
+        if self.devices is not None:
+            object.__setattr__(self, "devices", tuple(self.devices))
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod(self.shape))
+
+    def jax_mesh(self):
+        """The ``jax.sharding.Mesh`` over this mesh's devices (checks the device count)."""
+        import jax
+        from jax.sharding import Mesh
+
+        devices = list(self.devices) if self.devices is not None else list(jax.devices())
+        if self.devices is None and len(devices) < self.num_devices:
+            raise MeshError(f"LogicalMesh shape {self.shape} needs {self.num_devices} devices but only "
+                            f"{len(devices)} are available ({devices[0].platform}); use a smaller shape "
+                            f"or, on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N")
+        if self.devices is not None and len(devices) != self.num_devices:
+            raise MeshError(f"LogicalMesh shape {self.shape} has {self.num_devices} positions but "
+                            f"{len(devices)} devices were given")
+        devices = devices[: self.num_devices]
+        return Mesh(np.array(devices, dtype=object).reshape(self.shape), self.axis_names)
+
+    def to_core(self):
+        from alpa_pass import _core
+
+        return _core.Mesh(shape=list(self.shape), alpha=list(self.alpha), beta=list(self.beta))
+
+    def spec_to_partition_spec(self, spec: Sequence[int], rank: int):
+        """Core spec (tensor dim per mesh axis, -1 = none) -> ``jax.sharding.PartitionSpec``."""
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*[_entry(axes) for axes in self.dim_axes(spec, rank)])
+
+    def dim_axes(self, spec: Sequence[int], rank: int) -> list[tuple[str, ...]]:
+        """Per tensor dim, the mesh axis names splitting it (major to minor)."""
+        out = [[] for _ in range(rank)]
+        for axis, dim in enumerate(spec):
+            if dim >= 0:
+                out[dim].append(self.axis_names[axis])
+        return [tuple(a) for a in out]
+
+
+def _entry(axes: tuple[str, ...]):
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes

@@ -1,0 +1,94 @@
+"""Options and parallelization methods: frozen dataclasses, validated on construction."""
+from __future__ import annotations
+
+import dataclasses
+
+from alpa_pass.mesh import LogicalMesh
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoShardingOption:
+    """How the intra-operator (sharding) planner searches and solves.
+
+    Attributes:
+      allow_replicated_heavy_ops: let dots/convolutions run replicated on a mesh axis (Alpa forbids
+        it: replicated heavy compute wastes the devices; off by default).
+      compute_cost_per_flop: weight of per-device FLOPs in the objective, in the units of the mesh's
+        alpha/beta (a tie-breaker by default).
+      merge_followers: merge elementwise/transpose/reduce ops into the op they follow (smaller ILP).
+      replicate_below_numel: tensors with at most this many elements are computed replicated.
+      solver_time_limit_s: HiGHS time limit; the best plan found by then is used (the gap is reported).
+      solver_rel_gap: HiGHS relative MIP gap at which to stop.
+      solver_threads: HiGHS threads (1 keeps results deterministic).
+      solver_log: print HiGHS's log to the terminal.
+      emit: "all" constrains every planned value in the module; "anchors" only dots, convolutions,
+        reduces and gathers/scatters (XLA propagates the rest).
+      tie_outputs_to_inputs: an output leaf whose pytree position matches an input leaf of the same
+        shape (e.g. the new ``state`` of ``train_step(state, batch)``) gets the same sharding, so
+        feeding outputs back in needs no resharding.
+    """
+
+    allow_replicated_heavy_ops: bool = False
+    compute_cost_per_flop: float = 1e-9
+    merge_followers: bool = True
+    replicate_below_numel: int = 1
+    solver_time_limit_s: float = 60.0
+    solver_rel_gap: float = 1e-4
+    solver_threads: int = 1
+    solver_log: bool = False
+    emit: str = "all"
+    tie_outputs_to_inputs: bool = True
+
+    def __post_init__(self):
+        if self.emit not in ("all", "anchors"):
+            raise ValueError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
+        if self.solver_time_limit_s <= 0:
+            raise ValueError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
+        if not 0 <= self.solver_rel_gap < 1:
+            raise ValueError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
+        if self.compute_cost_per_flop < 0:
+            raise ValueError("AutoShardingOption.compute_cost_per_flop must be >= 0")
+        if self.replicate_below_numel < 0:
+            raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
+        if self.solver_threads < 1:
+            raise ValueError("AutoShardingOption.solver_threads must be >= 1")
+
+    def to_core(self):
+        from alpa_pass import _core
+
+        opts = _core.CoreOptions()
+        opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
+        opts.compute_cost_per_flop = self.compute_cost_per_flop
+        opts.merge_followers = self.merge_followers
+        opts.replicate_below_numel = self.replicate_below_numel
+        return opts
+
+
+class ParallelMethod:
+    """Base of the methods ``parallelize`` accepts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardParallel(ParallelMethod):
+    """Intra-operator parallelism: one sharding plan (an ILP) over one logical mesh.
+
+    Attributes:
+      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh.
+      option: planner options.
+    """
+
+    mesh: LogicalMesh | None = None
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+
+    def __post_init__(self):
+        if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
+            raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, got {type(self.mesh).__name__}")
+        if not isinstance(self.option, AutoShardingOption):
+            raise TypeError(f"ShardParallel(option=...) takes an AutoShardingOption, got {type(self.option).__name__}")
+
+    def resolved_mesh(self) -> LogicalMesh:
+        if self.mesh is not None:
+            return self.mesh
+        import jax
+
+        return LogicalMesh(shape=(1, len(jax.devices())))

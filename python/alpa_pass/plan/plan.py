@@ -1,0 +1,132 @@
+"""The Plan: what the planner chose, what it predicts, and a table a person can read."""
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+
+from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.mesh import LogicalMesh
+
+
+@dataclasses.dataclass
+class NodeChoice:
+    """One planned value: its label, shape, chosen strategy and that strategy's own cost."""
+
+    node: int
+    kind: str
+    label: str
+    shape: tuple[int, ...]
+    dtype_bytes: int
+    spec: object          # jax PartitionSpec of the value
+    strategy: str
+    cost: float           # compute + communication of the strategy (resharding into it excluded)
+
+    @property
+    def bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype_bytes
+
+
+@dataclasses.dataclass
+class Plan:
+    """A sharding plan for one function signature on one logical mesh.
+
+    Attributes:
+      mesh: the LogicalMesh planned for.
+      objective: the ILP objective (predicted cost, in the mesh's alpha/beta units).
+      predicted: {"compute", "communication", "resharding"} parts of the objective.
+      input_specs / output_specs: one ``PartitionSpec`` per argument / output leaf.
+      node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
+      choices: a NodeChoice per graph node.
+      ilp_size: {"columns", "rows", "nonzeros", "groups", "edge_columns", "nodes"}.
+      solve_time_s, solver_status, mip_gap: how the solve went.
+      timings: seconds per phase ("trace", "extract", "build", "solve", "emit", "compile").
+      fallbacks: op name -> count of ops planned as replicated because the core does not know them.
+      emit_report: what emission inserted and skipped.
+    """
+
+    mesh: LogicalMesh
+    objective: float
+    predicted: dict
+    input_specs: list
+    output_specs: list
+    node_specs: list
+    choices: list
+    ilp_size: dict
+    solve_time_s: float
+    solver_status: str
+    mip_gap: float
+    timings: dict
+    fallbacks: dict
+    emit_report: object = None
+
+    def summary(self, max_rows: int = 20) -> str:
+        """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(file=io.StringIO(), width=130, record=True)
+        axes = ", ".join(f"{n}={s} (a={a:g}, b={b:g})" for n, s, a, b in
+                         zip(self.mesh.axis_names, self.mesh.shape, self.mesh.alpha, self.mesh.beta))
+        console.print(f"[bold]alpa_pass plan[/bold] on mesh {axes}")
+        console.print(f"objective {self.objective:.6g} = compute {self.predicted['compute']:.4g} + "
+                      f"communication {self.predicted['communication']:.4g} + "
+                      f"resharding {self.predicted['resharding']:.4g}   "
+                      f"[{self.solver_status}, gap {self.mip_gap:.2g}]")
+        size = self.ilp_size
+        console.print(f"ILP: {size['nodes']} ops -> {size['groups']} groups, {size['columns']} columns "
+                      f"({size['edge_columns']} edge), {size['rows']} rows, {size['nonzeros']} nonzeros")
+        console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()))
+        if self.fallbacks:
+            console.print("replicated (unknown to the core): " +
+                          ", ".join(f"{k} x{v}" for k, v in sorted(self.fallbacks.items())))
+        table = Table(title=f"largest tensors (top {max_rows})")
+        for col in ("tensor", "kind", "shape", "MiB", "sharding", "strategy", "cost"):
+            table.add_column(col)
+        for c in self.largest(max_rows):
+            table.add_row(c.label, c.kind, "x".join(map(str, c.shape)) or "()", f"{c.bytes / 2**20:.3f}",
+                          str(c.spec), c.strategy, f"{c.cost:.4g}")
+        console.print(table)
+        return console.export_text()
+
+    def largest(self, n: int) -> list[NodeChoice]:
+        """Parameters, outputs, dots/convolutions/gathers/scatters, largest first."""
+        keep = {"PARAMETER", "OUTPUT", "DOT", "CONVOLUTION", "GATHER", "SCATTER"}
+        rows = [c for c in self.choices if c.kind in keep]
+        return sorted(rows, key=lambda c: (-c.bytes, c.node))[:n]
+
+    def __repr__(self):
+        return (f"Plan(mesh={self.mesh.shape}, objective={self.objective:.6g}, "
+                f"inputs={len(self.input_specs)}, outputs={len(self.output_specs)}, "
+                f"status={self.solver_status!r})")
+
+
+def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: dict) -> Plan:
+    """Decode a solved ShardingProblem into a Plan."""
+    ilp = problem.ilp
+    rows = np.asarray(problem.strategy_offsets)[:-1] + np.asarray(solution.assignment)[np.asarray(problem.node_group)]
+    out_specs = np.asarray(problem.out_specs)
+    compute = np.asarray(problem.compute_cost)[rows]
+    comm = np.asarray(problem.comm_cost)[rows]
+    names = problem.strategy_names
+    node_specs, choices = [], []
+    for v in range(graph.num_nodes):
+        spec = [int(a) for a in out_specs[rows[v]]]
+        shape = graph.shape(v)
+        node_specs.append(spec)
+        choices.append(NodeChoice(node=v, kind=OpKind(int(graph.kind[v])).name, label=graph.labels[v],
+                                  shape=shape, dtype_bytes=int(graph.dtype_bytes[v]),
+                                  spec=mesh.spec_to_partition_spec(spec, len(shape)),
+                                  strategy=names[rows[v]], cost=float(compute[v] + comm[v])))
+    predicted = {"compute": float(compute.sum()), "communication": float(comm.sum())}
+    predicted["resharding"] = float(solution.objective - predicted["compute"] - predicted["communication"])
+    ilp_size = {"nodes": graph.num_nodes, "groups": int(ilp.num_groups), "columns": int(ilp.num_cols),
+                "edge_columns": int(ilp.num_edge_vars), "rows": int(ilp.num_rows),
+                "nonzeros": int(len(ilp.a_value))}
+    return Plan(mesh=mesh, objective=float(solution.objective), predicted=predicted,
+                input_specs=[choices[v].spec for v in graph.param_nodes()],
+                output_specs=[choices[v].spec for v in graph.output_nodes()],
+                node_specs=node_specs, choices=choices, ilp_size=ilp_size,
+                solve_time_s=solution.solve_time_s, solver_status=solution.status,
+                mip_gap=solution.mip_gap, timings=timings, fallbacks=dict(graph.fallbacks))

@@ -1,0 +1,121 @@
+"""ShardParallel planning: trace -> extract -> build (C++) -> solve (HiGHS) -> emit -> compile."""
+from __future__ import annotations
+
+import logging
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from alpa_pass import _compat
+from alpa_pass.emit.constraints import insert_constraints
+from alpa_pass.errors import CompileError, ExtractError, ShardingError
+from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.extract.stablehlo import extract_graph
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan.plan import Plan, build_plan
+from alpa_pass.solve.highs import SolveOptions, solve_ilp
+from alpa_pass.trace.lower import fn_name, lower, output_ties
+
+log = logging.getLogger("alpa_pass")
+
+_ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
+
+
+def core_graph(graph: OpGraph):
+    """The C++ view of an OpGraph (arrays copied once)."""
+    from alpa_pass import _core
+
+    return _core.Graph(graph.kind, graph.dtype_bytes, graph.shape_offsets, graph.shape_dims,
+                       graph.operand_offsets, graph.operand_ids, graph.attr_offsets, graph.attrs)
+
+
+def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
+                     donate_argnums=()) -> tuple[Plan, object]:
+    """Plan ``fn(*args)`` on ``mesh`` and compile it. Returns (plan, jax ``Compiled``).
+
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s (planning and compiling need no memory).
+    """
+    from alpa_pass import _core
+
+    jmesh = mesh.jax_mesh()
+    timings = {}
+    t = time.perf_counter()
+    lowered = lower(fn, args)
+    timings["trace"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    graph = extract_graph(lowered.compiler_ir("stablehlo"))
+    leaves = jax.tree.leaves(args)
+    if graph.num_args != len(leaves):
+        raise ExtractError(f"{fn_name(fn)} lowered to {graph.num_args} module arguments but has "
+                           f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
+    timings["extract"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    ties = _node_ties(graph, args, lowered.out_tree) if option.tie_outputs_to_inputs else []
+    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), ties)
+    timings["build"] = time.perf_counter() - t
+
+    solution = solve_ilp(problem.ilp, SolveOptions(
+        time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
+        threads=option.solver_threads, log_to_console=option.solver_log))
+    timings["solve"] = solution.solve_time_s
+    plan = build_plan(graph, problem, solution, mesh, timings)
+    check_divisible(graph, plan, mesh)
+
+    t = time.perf_counter()
+    in_sh = _shardings_like(args, plan.input_specs, jmesh)
+    out_sh = jax.tree.unflatten(lowered.out_tree, [NamedSharding(jmesh, s) for s in plan.output_specs])
+    lowered2 = lower(fn, args, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate_argnums)
+    node_axes = _constraint_targets(graph, plan, mesh, option)
+    report = insert_constraints(_compat.lowered_module(lowered2), graph, node_axes)
+    plan.emit_report = report
+    timings["emit"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    try:
+        compiled = lowered2.compile()
+    except Exception as e:  # XLA raises its own (XlaRuntimeError, ValueError) types
+        raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {mesh.shape}: {e}") from e
+    timings["compile"] = time.perf_counter() - t
+    return plan, compiled
+
+
+def _node_ties(graph: OpGraph, args, out_tree) -> list[tuple[int, int]]:
+    params, outputs = graph.param_nodes(), graph.output_nodes()
+    ties = []
+    for out_leaf, in_leaf in output_ties(args, out_tree):
+        a, b = outputs[out_leaf], params[in_leaf]
+        if graph.shape(a) == graph.shape(b) and graph.dtype_bytes[a] == graph.dtype_bytes[b]:
+            ties.append((a, b))
+    return ties
+
+
+def _shardings_like(args, specs, jmesh):
+    treedef = jax.tree.structure(args)
+    return tuple(jax.tree.unflatten(treedef, [NamedSharding(jmesh, s) for s in specs]))
+
+
+def _constraint_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh, option: AutoShardingOption):
+    skip = (OpKind.PARAMETER, OpKind.OUTPUT, OpKind.GENERATOR)
+    out = {}
+    for v in range(graph.num_nodes):
+        kind = OpKind(int(graph.kind[v]))
+        if kind in skip or (option.emit == "anchors" and kind not in _ANCHOR_KINDS):
+            continue
+        out[v] = mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)))
+    return out
+
+
+def check_divisible(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> None:
+    """Defensive check that every chosen spec divides its tensor (the core guarantees it)."""
+    for v in range(graph.num_nodes):
+        shape = graph.shape(v)
+        for dim, axes in enumerate(mesh.dim_axes(plan.node_specs[v], len(shape))):
+            n = int(np.prod([mesh.shape[mesh.axis_names.index(a)] for a in axes])) if axes else 1
+            if shape[dim] % n:
+                raise ShardingError(f"plan splits dim {dim} of {graph.labels[v]} {shape} over {axes} "
+                                    f"({n} devices), which does not divide it")

@@ -1,0 +1,47 @@
+"""A planned, compiled step: call it with the same pytree structure it was planned for."""
+from __future__ import annotations
+
+import jax
+
+from alpa_pass.plan.plan import Plan
+
+
+class Executable:
+    """One compiled SPMD executable plus its plan.
+
+    Attributes:
+      plan: the Plan it implements.
+      input_shardings / output_shardings: flat lists of ``NamedSharding`` (argument / output leaves).
+    """
+
+    def __init__(self, plan: Plan, compiled, in_treedef, out_treedef):
+        self.plan = plan
+        self._compiled = compiled
+        self._in_treedef = in_treedef
+        self._out_treedef = out_treedef
+        self.input_shardings = list(jax.tree.leaves(compiled.input_shardings[0]))
+        self.output_shardings = list(jax.tree.leaves(compiled.output_shardings))
+
+    def __call__(self, *args):
+        leaves, treedef = jax.tree.flatten(args)
+        if treedef != self._in_treedef:
+            raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}; "
+                            f"call the parallelized function (it plans each new structure) instead")
+        placed = [self._place(x, s) for x, s in zip(leaves, self.input_shardings)]
+        return self._compiled(*jax.tree.unflatten(treedef, placed))
+
+    @staticmethod
+    def _place(x, sharding):
+        if isinstance(x, jax.Array) and x.sharding == sharding:
+            return x
+        return jax.device_put(x, sharding)
+
+    def hlo_text(self) -> str:
+        """The SPMD-partitioned, optimized HLO of the compiled step (per-device shapes)."""
+        return self._compiled.as_text()
+
+    def memory_analysis(self):
+        return self._compiled.memory_analysis()
+
+    def cost_analysis(self):
+        return self._compiled.cost_analysis()

@@ -1,0 +1,113 @@
+"""Solve an ``IlpProblem`` (the C++ core's named CSC arrays) with HiGHS through highspy."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from alpa_pass.errors import InfeasibleError, SolverError
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveOptions:
+    """Attributes: time_limit_s, rel_gap (stop at this relative MIP gap), threads (1 is
+    deterministic), log_to_console, keep_log (return HiGHS's log text in the result), seed."""
+
+    time_limit_s: float = 60.0
+    rel_gap: float = 1e-4
+    threads: int = 1
+    log_to_console: bool = False
+    keep_log: bool = False
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class Solution:
+    assignment: np.ndarray   # strategy index per ILP group
+    x: np.ndarray            # full column vector
+    objective: float         # c.x + offset
+    status: str              # HiGHS model status, e.g. "Optimal", "Time limit reached"
+    optimal: bool
+    mip_gap: float
+    solve_time_s: float
+    log: str = ""
+
+
+def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
+    """Solve ``problem`` (an ``alpa_pass._core.IlpProblem``).
+
+    Raises:
+      InfeasibleError: HiGHS proved the problem infeasible.
+      SolverError: HiGHS stopped without any feasible solution (time limit, error).
+    """
+    import highspy
+
+    from alpa_pass import _core
+
+    h = highspy.Highs()
+    log_path = None
+    h.setOptionValue("output_flag", bool(options.log_to_console or options.keep_log))
+    h.setOptionValue("log_to_console", bool(options.log_to_console))
+    if options.keep_log:
+        fd, log_path = tempfile.mkstemp(prefix="alpa_pass_highs_", suffix=".log")
+        os.close(fd)
+        h.setOptionValue("log_file", log_path)
+    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(options.rel_gap))
+    h.setOptionValue("threads", int(options.threads))
+    h.setOptionValue("random_seed", int(options.seed))
+    h.passModel(_to_highs_lp(problem, highspy))
+    start = time.perf_counter()
+    h.run()
+    elapsed = time.perf_counter() - start
+    status = h.getModelStatus()
+    status_text = h.modelStatusToString(status)
+    log = _read_and_remove(log_path)
+    if status == highspy.HighsModelStatus.kInfeasible:
+        raise InfeasibleError(f"the sharding ILP is infeasible (HiGHS: {status_text}); relax the "
+                              f"constraints (memory budget, forced shardings) or use a larger mesh")
+    info = h.getInfo()
+    x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    if x.size != problem.num_cols or info.primal_solution_status != 2:  # 2 = feasible
+        raise SolverError(f"HiGHS stopped without a feasible plan ({status_text}) after {elapsed:.1f}s; "
+                          f"raise AutoShardingOption.solver_time_limit_s")
+    assignment = np.asarray(_core.decode_assignment(problem, x), dtype=np.int64)
+    objective = float(_core.evaluate(problem, assignment).objective)
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    gap = float(info.mip_gap) if problem.integrality.any() else 0.0
+    return Solution(assignment=assignment, x=x, objective=objective, status=status_text,
+                    optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log)
+
+
+def _to_highs_lp(problem, highspy):
+    lp = highspy.HighsLp()
+    lp.num_col_ = int(problem.num_cols)
+    lp.num_row_ = int(problem.num_rows)
+    lp.col_cost_ = np.asarray(problem.col_cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(problem.col_lower, dtype=np.float64)
+    lp.col_upper_ = np.asarray(problem.col_upper, dtype=np.float64)
+    lp.row_lower_ = np.asarray(problem.row_lower, dtype=np.float64)
+    lp.row_upper_ = np.asarray(problem.row_upper, dtype=np.float64)
+    lp.offset_ = float(problem.offset)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_ = int(problem.num_cols)
+    lp.a_matrix_.num_row_ = int(problem.num_rows)
+    lp.a_matrix_.start_ = np.asarray(problem.a_start, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(problem.a_index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(problem.a_value, dtype=np.float64)
+    integer, continuous = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
+    lp.integrality_ = [integer if flag else continuous for flag in np.asarray(problem.integrality)]
+    return lp
+
+
+def _read_and_remove(path):
+    if path is None:
+        return ""
+    try:
+        with open(path) as f:
+            return f.read()
+    finally:
+        os.remove(path)
