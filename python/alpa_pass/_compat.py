@@ -34,3 +34,13 @@ def lowered_module(lowered):
             f"alpa_pass cannot reach the module of a jax.stages.Lowered on jax {jax.__version__}; "
             f"supported versions are >={'.'.join(map(str, SUPPORTED[0]))},<{'.'.join(map(str, SUPPORTED[1]))}")
     return module
+
+
+def make_ir_context():
+    """An MLIR context with every dialect jax modules use (func, stablehlo, chlo, sdy, mhlo).
+
+    jaxlib's public bindings register stablehlo/chlo/sdy but not ``func``; jax's own factory does.
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+
+    return jax_mlir.make_ir_context()

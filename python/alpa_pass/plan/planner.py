@@ -55,7 +55,7 @@ def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
     timings["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ties = _node_ties(graph, args, lowered.out_tree) if option.tie_outputs_to_inputs else []
+    ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
     problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), ties)
     timings["build"] = time.perf_counter() - t
 
@@ -84,14 +84,9 @@ def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
     return plan, compiled
 
 
-def _node_ties(graph: OpGraph, args, out_tree) -> list[tuple[int, int]]:
+def _node_ties(graph: OpGraph, args, out_info) -> list[tuple[int, int]]:
     params, outputs = graph.param_nodes(), graph.output_nodes()
-    ties = []
-    for out_leaf, in_leaf in output_ties(args, out_tree):
-        a, b = outputs[out_leaf], params[in_leaf]
-        if graph.shape(a) == graph.shape(b) and graph.dtype_bytes[a] == graph.dtype_bytes[b]:
-            ties.append((a, b))
-    return ties
+    return [(outputs[o], params[i]) for o, i in output_ties(args, out_info)]
 
 
 def _shardings_like(args, specs, jmesh):

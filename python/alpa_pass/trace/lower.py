@@ -21,8 +21,12 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=())
         kwargs["in_shardings"] = in_shardings
     if out_shardings is not None:
         kwargs["out_shardings"] = out_shardings
+    def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
+        return fn(*a)  # and emission edits the module in place
+
+    fresh.__name__ = fresh.__qualname__ = fn_name(fn).replace("<", "").replace(">", "")
     try:
-        return jax.jit(fn, **kwargs).lower(*args)
+        return jax.jit(fresh, **kwargs).lower(*args)
     except TraceError:
         raise
     except (TypeError, ValueError, jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError) as e:
@@ -31,31 +35,40 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=())
                          f"(check it with jax.jit({fn_name(fn)}).lower(*args))") from e
 
 
-def output_ties(args, out_tree) -> list[tuple[int, int]]:
+def output_ties(args, outputs) -> list[tuple[int, int]]:
     """Pairs (output leaf index, input leaf index) that should share a sharding.
 
-    An output subtree (the whole output, or an element of a tuple/list output) that has the same
-    tree structure and leaf shapes/dtypes as a top-level argument is the new value of that argument
-    (``state`` in ``train_step(state, batch) -> (state, loss)``); each argument matches at most once.
+    ``outputs`` is the output pytree (arrays or ``ShapeDtypeStruct``s, e.g. ``lowered.out_info``).
+    An output subtree (the whole output, or an element of a tuple/list output) with the same tree
+    structure and leaf shapes/dtypes as a top-level argument is the new value of that argument
+    (``state`` in ``train_step(state, batch) -> (state, loss)``); each argument matches once.
     """
-    arg_trees = [jax.tree.structure(a) for a in args]
-    arg_leaves = [jax.tree.leaves(a) for a in args]
-    arg_start = _starts([len(leaves) for leaves in arg_leaves])
-    out_children = out_tree.children() if out_tree.num_nodes > 1 and out_tree.num_leaves > 0 else []
-    candidates = [(out_tree, 0)]
-    start = 0
-    for child in out_children:
-        candidates.append((child, start))
-        start += child.num_leaves
+    arg_sigs = [_signature(a) for a in args]
+    arg_start = _starts([len(sig[1]) for sig in arg_sigs])
+    candidates = [(outputs, 0)]
+    if isinstance(outputs, (tuple, list)):
+        start = 0
+        for child in outputs:
+            candidates.append((child, start))
+            start += len(jax.tree.leaves(child))
     used, ties = set(), []
     for tree, out_start in candidates:
-        for j, (atree, leaves) in enumerate(zip(arg_trees, arg_leaves)):
-            if j in used or atree != tree or not leaves:
-                continue
-            used.add(j)
-            ties.extend((out_start + k, arg_start[j] + k) for k in range(len(leaves)))
-            break
+        sig = _signature(tree)
+        for j, arg_sig in enumerate(arg_sigs):
+            if j not in used and arg_sig[1] and arg_sig == sig:
+                used.add(j)
+                ties.extend((out_start + k, arg_start[j] + k) for k in range(len(sig[1])))
+                break
     return ties
+
+
+def _signature(tree):
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in map(_shaped, leaves))
+
+
+def _shaped(x):
+    return x if hasattr(x, "shape") and hasattr(x, "dtype") else jax.typeof(x)
 
 
 def _starts(sizes):

@@ -1,0 +1,183 @@
+"""Write chosen shardings back into a StableHLO module as ``sdy.sharding_constraint`` ops.
+
+Input IR state: a Shardy module (``sdy.mesh @<mesh_name>`` at the top, e.g. from lowering with
+``in_shardings``/``out_shardings`` on a ``jax.sharding.Mesh``) whose functions have the same ops
+as the module the :class:`OpGraph` was extracted from.  Output IR state: the same module where each
+constrained value ``%v`` is followed by ``%c = sdy.sharding_constraint %v <@mesh, [...]>`` and
+every other use of ``%v`` reads ``%c``.  The module is modified in place and verified.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+from alpa_pass.errors import EmitError, ShardingError
+from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.extract.stablehlo import functions
+
+DimSharding = tuple  # mesh axis names of one tensor dim; () = replicated
+
+SKIP_GENERATOR = "generator"            # constants/iotas are never constrained
+SKIP_PARAM_OUTPUT = "parameter_or_output"  # entry arguments/results: use in/out shardings
+SKIP_CALL_PATHS = "call_path_conflict"  # a callee value whose call paths disagree
+
+
+@dataclasses.dataclass
+class EmitReport:
+    """``inserted``: constraint ops added (one per MLIR value); ``skipped``: reason -> number of
+    requested nodes left unconstrained (reasons are the ``SKIP_*`` constants)."""
+
+    inserted: int = 0
+    skipped: dict = dataclasses.field(default_factory=dict)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+def mesh_axes(module: ir.Module, mesh_name: str) -> dict[str, int]:
+    """Axis name -> size of the module's ``sdy.mesh @mesh_name``."""
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh" and \
+                ir.StringAttr(op.attributes["sym_name"]).value == mesh_name:
+            axes = (sdy.MeshAxisAttr(a) for a in sdy.MeshAttr(op.attributes["mesh"]).axes)
+            return {a.name: a.size for a in axes}
+    raise EmitError(f"the module has no 'sdy.mesh @{mesh_name}'; lower the function with "
+                    f"in_shardings/out_shardings on a jax.sharding.Mesh (or pass mesh_name=)")
+
+
+def sharding_text(dims, mesh_name: str) -> str:
+    """``#sdy.sharding<@mesh, [{"x"}, {}]>`` for a per-dim tuple of axis names."""
+    body = ", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}" for d in dims)
+    return f"#sdy.sharding<@{mesh_name}, [{body}]>"
+
+
+def _check_spec(graph: OpGraph, v: int, dims: tuple, axes: dict) -> None:
+    shape = graph.shape(v)
+    if len(dims) != len(shape):
+        raise ShardingError(f"node %{v} ({graph.labels[v]}) has shape {shape} but its sharding "
+                            f"{dims} names {len(dims)} dims; give one tuple of axes per dim")
+    used = [a for d in dims for a in d]
+    for a in used:
+        if a not in axes:
+            raise ShardingError(f"node %{v} ({graph.labels[v]}): mesh axis '{a}' is not in the "
+                                f"mesh (axes {sorted(axes)})")
+    if len(set(used)) != len(used):
+        raise ShardingError(f"node %{v} ({graph.labels[v]}): sharding {dims} uses a mesh axis "
+                            f"twice; each axis may split at most one dim")
+
+
+def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
+    """(func, op_index, result) -> the one spec all of the value's nodes want (others skipped)."""
+    wanted = collections.defaultdict(dict)
+    for v, dims in specs.items():
+        kind = graph.kind[v]
+        if kind == OpKind.GENERATOR:
+            report.skip(SKIP_GENERATOR)
+        elif kind in (OpKind.PARAMETER, OpKind.OUTPUT):
+            report.skip(SKIP_PARAM_OUTPUT)
+        else:
+            loc = graph.locators[v]
+            wanted[(loc.func, loc.op_index, loc.result)][v] = dims
+    nodes_of = collections.defaultdict(list)
+    for v, loc in enumerate(graph.locators):
+        key = (loc.func, loc.op_index, loc.result)
+        if key in wanted:
+            nodes_of[key].append(v)
+    out = {}
+    for key, by_node in wanted.items():
+        if len(nodes_of[key]) != len(by_node) or len(set(by_node.values())) != 1:
+            report.skip(SKIP_CALL_PATHS, len(by_node))
+        else:
+            out[key] = (min(by_node), next(iter(by_node.values())))
+    return out
+
+
+def _changed(what: str) -> EmitError:
+    return EmitError(f"{what}: the module changed between extraction and emission; extract the "
+                     f"graph from a lowering of the same function and arguments")
+
+
+def _matched_ops(module: ir.Module, graph: OpGraph) -> dict:
+    """func name -> its block's ops, after checking every graph node against the module.
+
+    Walks the nodes in extraction order and checks each op node's locator names an op with
+    the node's op name and a result of the node's shape.
+    """
+    funcs = functions(module)
+    blocks: dict = {}
+    for v, loc in enumerate(graph.locators):
+        if loc.op_index < 0:
+            continue
+        ops = blocks.get(loc.func)
+        if ops is None:
+            if loc.func not in funcs:
+                raise _changed(f"node %{v} ({graph.labels[v]}) lives in @{loc.func}, which the "
+                               f"module lacks")
+            ops = [o.operation for o in funcs[loc.func].regions[0].blocks[0].operations]
+            blocks[loc.func] = ops
+        op = ops[loc.op_index] if loc.op_index + 1 < len(ops) else None
+        if op is None or op.name != graph.op_names[v] or loc.result >= len(op.results):
+            found = "nothing" if op is None else op.name
+            raise _changed(f"node %{v} ({graph.labels[v]}) expects {graph.op_names[v]} at "
+                           f"@{loc.func} op {loc.op_index}, found {found}")
+    return blocks
+
+
+def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
+    """[(op, result index, next op, dims)] for every group; EmitError if the module changed."""
+    blocks = _matched_ops(module, graph)
+    targets = []
+    for (fname, index, k), (v, dims) in sorted(groups.items()):
+        op = blocks[fname][index]
+        shape = tuple(ir.RankedTensorType(op.results[k].type).shape)
+        if shape != graph.shape(v):
+            raise _changed(f"node %{v} ({graph.labels[v]}) has shape {graph.shape(v)} but "
+                           f"@{fname} op {index} result {k} has shape {shape}")
+        targets.append((op, k, blocks[fname][index + 1], dims))
+    return targets
+
+
+def insert_constraints(module: ir.Module, graph: OpGraph,
+                       node_dim_shardings: dict[int, list[tuple[str, ...]]],
+                       mesh_name: str = "mesh") -> EmitReport:
+    """Insert one ``sdy.sharding_constraint`` per requested value of ``graph`` into ``module``.
+
+    Args:
+      module: a Shardy module with the same functions/ops as the one ``graph`` came from.
+      graph: the extracted graph (its locators say where each node's value lives).
+      node_dim_shardings: node id -> per-tensor-dim tuple of mesh axis names (``()`` = dim
+        replicated).  GENERATOR, PARAMETER and OUTPUT nodes are skipped; a callee value reached
+        through several call paths is constrained only if all its nodes ask for the same spec.
+    Returns:
+      An :class:`EmitReport` with counts.
+    Raises:
+      EmitError: no ``sdy.mesh @mesh_name``, ops that do not match the graph, or a module that
+        no longer verifies.  ShardingError: a spec of the wrong rank or with unknown axes.
+    """
+    axes = mesh_axes(module, mesh_name)
+    specs = {int(v): tuple(tuple(d) for d in dims) for v, dims in node_dim_shardings.items()}
+    for v, dims in specs.items():
+        _check_spec(graph, v, dims, axes)
+    report = EmitReport()
+    targets = _resolve(module, graph, _value_groups(graph, specs, report))
+    attrs: dict = {}
+    with module.context, ir.Location.unknown():
+        for op, k, next_op, dims in targets:
+            if dims not in attrs:
+                attrs[dims] = ir.Attribute.parse(sharding_text(dims, mesh_name))
+            value = op.results[k]
+            c = sdy.ShardingConstraintOp(value, attrs[dims], ip=ir.InsertionPoint(next_op))
+            value.replace_all_uses_except(c.result, c.operation)
+            report.inserted += 1
+    try:
+        module.operation.verify()
+    except ir.MLIRError as e:
+        raise EmitError(f"the module does not verify after inserting constraints: {e}") from e
+    return report

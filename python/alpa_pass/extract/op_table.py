@@ -1,0 +1,253 @@
+"""Op name -> (OpKind, operands, attrs) rules, one small function per op family.
+
+Each rule takes the MLIR operation and the node ids of its operands and returns one
+``(kind, operand_ids, attrs)`` triple per result of the op (the attrs layouts are documented in
+:mod:`alpa_pass.extract.graph`).  A rule returns ``None`` when the op is outside what its kind can
+express (e.g. a bitcast_convert that changes the shape); the caller then makes it OPAQUE.
+
+``RULES`` maps full op names to rules.  Op names absent from ``RULES`` (and rules returning
+``None``) become OPAQUE nodes that the extractor counts as fallbacks.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from alpa_pass.extract.graph import OpKind
+
+NodeSpec = tuple  # (OpKind, list[int] operand node ids, list[int] attrs)
+Rule = Callable[[ir.Operation, list], Optional[list]]
+
+
+def shape_of(value) -> tuple[int, ...]:
+    """Static shape of a ranked tensor value (rank-0 -> ``()``)."""
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _i64s(op, name: str) -> list[int]:
+    """A DenseI64ArrayAttr / dense int elements attribute as a list; [] when absent."""
+    if name not in op.attributes:
+        return []
+    return [int(x) for x in op.attributes[name]]
+
+
+def _int(op, name: str, default: int = 0) -> int:
+    return int(ir.IntegerAttr(op.attributes[name]).value) if name in op.attributes else default
+
+
+def _each_result(kind: OpKind, operands: list, attrs: list, n: int) -> list:
+    return [(kind, list(operands), list(attrs)) for _ in range(n)]
+
+
+# ---- elementwise family -------------------------------------------------------------------
+
+
+def _size_mismatch_dims(op) -> set:
+    """Dims where an operand of the result's rank differs in size from result 0."""
+    out = shape_of(op.results[0])
+    dims = set()
+    for v in op.operands:
+        s = shape_of(v)
+        if len(s) == len(out):
+            dims.update(d for d in range(len(out)) if s[d] != out[d])
+    return dims
+
+
+def _elementwise_with(extra: Callable[[ir.Operation], set]) -> Rule:
+    """Elementwise rule whose unshardable dims are size mismatches plus ``extra(op)``."""
+
+    def rule(op, ins):
+        dims = sorted(_size_mismatch_dims(op) | extra(op))
+        return _each_result(OpKind.ELEMENTWISE, ins, dims, len(op.results))
+
+    return rule
+
+
+_elementwise = _elementwise_with(lambda op: set())
+
+
+def _bitcast_convert(op, ins):
+    if shape_of(op.operands[0]) != shape_of(op.results[0]):
+        return None
+    return [(OpKind.ELEMENTWISE, ins, [])]
+
+
+def _pass_through(op, ins):
+    """optimization_barrier and friends: result k follows operand k."""
+    return [(OpKind.ELEMENTWISE, [ins[k]], []) for k in range(len(op.results))]
+
+
+def _pad_dims(op) -> set:
+    lo, hi, interior = (_i64s(op, n) for n in ("edge_padding_low", "edge_padding_high",
+                                               "interior_padding"))
+    return {d for d in range(len(lo)) if lo[d] or hi[d] or interior[d]}
+
+
+def _window_dims(op) -> set:
+    """Dims of a windowed op with a window, stride, dilation or padding other than trivial."""
+    sizes = _i64s(op, "window_dimensions")
+    dims = {d for d, s in enumerate(sizes) if s != 1}
+    for name in ("window_strides", "base_dilations", "window_dilations"):
+        dims |= {d for d, s in enumerate(_i64s(op, name)) if s != 1}
+    pad = _i64s(op, "padding")
+    dims |= {d for d in range(len(pad) // 2) if pad[2 * d] or pad[2 * d + 1]}
+    return dims
+
+
+def _reduce_window(op, ins):
+    """Multi-input reduce_window: result k reads ``[input_k, init_k]``."""
+    n = len(op.results)
+    dims = sorted(_window_dims(op) | _size_mismatch_dims(op))
+    return [(OpKind.ELEMENTWISE, [ins[k], ins[n + k]], dims) for k in range(n)]
+
+
+# ---- shape-changing single-kind ops -------------------------------------------------------
+
+
+def _broadcast_in_dim(op, ins):
+    return [(OpKind.BROADCAST, ins, _i64s(op, "broadcast_dimensions"))]
+
+
+def _broadcast_legacy(op, ins):
+    """stablehlo.broadcast prepends ``broadcast_sizes`` dims to the operand."""
+    k = len(_i64s(op, "broadcast_sizes"))
+    rank = len(shape_of(op.operands[0]))
+    return [(OpKind.BROADCAST, ins, [k + i for i in range(rank)])]
+
+
+def _transpose(op, ins):
+    return [(OpKind.TRANSPOSE, ins, _i64s(op, "permutation"))]
+
+
+def _reshape(op, ins):
+    return [(OpKind.RESHAPE, ins, [])]
+
+
+def _reduce(op, ins):
+    """Multi-input reduce: result k reads ``[input_k, init_k]``."""
+    n = len(op.results)
+    dims = _i64s(op, "dimensions")
+    return [(OpKind.REDUCE, [ins[k], ins[n + k]], dims) for k in range(n)]
+
+
+def _generator(op, ins):
+    return _each_result(OpKind.GENERATOR, [], [], len(op.results))
+
+
+# ---- contractions and indexing ------------------------------------------------------------
+
+
+def _counted(*lists) -> list[int]:
+    out = []
+    for xs in lists:
+        out.append(len(xs))
+        out.extend(int(x) for x in xs)
+    return out
+
+
+def _dot_general(op, ins):
+    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lb, rb = list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions)
+    lc, rc = list(dn.lhs_contracting_dimensions), list(dn.rhs_contracting_dimensions)
+    return [(OpKind.DOT, ins, [len(lb)] + lb + rb + [len(lc)] + lc + rc)]
+
+
+def _dot_legacy(op, ins):
+    """stablehlo.dot: contracts the lhs's last dim with the rhs's first dim, no batch dims."""
+    lhs_rank = len(shape_of(op.operands[0]))
+    return [(OpKind.DOT, ins, [0, 1, lhs_rank - 1, 0])]
+
+
+def _convolution(op, ins):
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    isp, ksp, osp = (list(dn.input_spatial_dimensions), list(dn.kernel_spatial_dimensions),
+                     list(dn.output_spatial_dimensions))
+    attrs = ([dn.input_batch_dimension, dn.input_feature_dimension, len(isp)] + isp
+             + [dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension] + ksp
+             + [dn.output_batch_dimension, dn.output_feature_dimension] + osp
+             + [_int(op, "feature_group_count", 1), _int(op, "batch_group_count", 1)])
+    return [(OpKind.CONVOLUTION, ins[:2], attrs)]
+
+
+def _gather(op, ins):
+    dn = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    attrs = [dn.index_vector_dim] + _counted(
+        dn.offset_dims, dn.collapsed_slice_dims, dn.start_index_map, dn.operand_batching_dims,
+        dn.start_indices_batching_dims, _i64s(op, "slice_sizes"))
+    return [(OpKind.GATHER, ins[:2], attrs)]
+
+
+def _scatter(op, ins):
+    if len(op.results) != 1:
+        return None
+    dn = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    attrs = [dn.index_vector_dim] + _counted(
+        dn.update_window_dims, dn.inserted_window_dims, dn.scattered_dims_to_operand_dims,
+        dn.input_batching_dims, dn.scatter_indices_batching_dims)
+    return [(OpKind.SCATTER, ins[:3], attrs)]
+
+
+def opaque(op, ins):
+    """Every result reads every operand (the OPAQUE fallback)."""
+    return _each_result(OpKind.OPAQUE, ins, [], len(op.results))
+
+
+# ---- the table ----------------------------------------------------------------------------
+
+_ELEMENTWISE_OPS = """
+abs cbrt ceil count_leading_zeros convert cosine exponential exponential_minus_one floor imag
+is_finite log log_plus_one logistic not negate popcnt real round_nearest_afz round_nearest_even
+rsqrt sign sine sqrt tan tanh reduce_precision add atan2 complex divide maximum minimum multiply
+or and xor power remainder shift_left shift_right_arithmetic shift_right_logical subtract compare
+select clamp slice dynamic_slice dynamic_update_slice
+""".split()
+
+_CHLO_ELEMENTWISE_OPS = """
+acos acosh asin asinh atan atanh bessel_i1e conj cosh digamma erf erf_inv erfc is_inf
+is_neg_inf is_pos_inf lgamma mulhi next_after polygamma sinh square tan zeta
+""".split()
+
+RULES: dict[str, Rule] = {
+    **{f"stablehlo.{n}": _elementwise for n in _ELEMENTWISE_OPS},
+    **{f"chlo.{n}": _elementwise for n in _CHLO_ELEMENTWISE_OPS},
+    "sdy.sharding_constraint": _elementwise,
+    "sdy.reshard": _elementwise,
+    "sdy.propagation_barrier": _elementwise,
+    "stablehlo.bitcast_convert": _bitcast_convert,
+    "stablehlo.optimization_barrier": _pass_through,
+    "stablehlo.pad": _elementwise_with(_pad_dims),
+    "stablehlo.concatenate": _elementwise_with(lambda op: {_int(op, "dimension")}),
+    "stablehlo.reverse": _elementwise_with(lambda op: set(_i64s(op, "dimensions"))),
+    "stablehlo.sort": _elementwise_with(lambda op: {_int(op, "dimension", -1)
+                                                    % len(shape_of(op.results[0]))}),
+    "stablehlo.reduce_window": _reduce_window,
+    "stablehlo.select_and_scatter": _elementwise_with(_window_dims),
+    "stablehlo.broadcast_in_dim": _broadcast_in_dim,
+    "stablehlo.broadcast": _broadcast_legacy,
+    "stablehlo.transpose": _transpose,
+    "stablehlo.reshape": _reshape,
+    "stablehlo.reduce": _reduce,
+    "stablehlo.constant": _generator,
+    "stablehlo.iota": _generator,
+    "chlo.constant": _generator,
+    "sdy.constant": _generator,
+    "stablehlo.dot_general": _dot_general,
+    "stablehlo.dot": _dot_legacy,
+    "stablehlo.convolution": _convolution,
+    "stablehlo.gather": _gather,
+    "stablehlo.scatter": _scatter,
+}
+
+# Ops whose regions the extractor may skip because the rule above covers the whole op.
+REGION_OK = frozenset({"stablehlo.reduce", "stablehlo.sort", "stablehlo.reduce_window",
+                       "stablehlo.scatter", "stablehlo.select_and_scatter"})
+
+
+def lookup(op_name: str, has_regions: bool) -> Optional[Rule]:
+    """The rule for ``op_name``; ``None`` means OPAQUE (also for region ops outside REGION_OK)."""
+    if has_regions and op_name not in REGION_OK:
+        return None
+    return RULES.get(op_name)
+

@@ -1,0 +1,189 @@
+"""StableHLO module -> :class:`OpGraph` (see :mod:`alpa_pass.extract.graph` for the contract).
+
+The walk visits the entry function's block in order; ``func.call`` is inlined (each call path
+gives its own nodes, recorded in ``OpLocator.call_path``).  Ops with regions are never entered:
+reduce/sort/reduce_window/scatter/select_and_scatter are described by their rule, every other
+region op (while, case, if, sdy.manual_computation, ...) is OPAQUE.  The op-name table lives in
+:mod:`alpa_pass.extract.op_table`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from jaxlib.mlir import ir
+
+from alpa_pass.errors import ExtractError
+from alpa_pass.extract import op_table
+from alpa_pass.extract.graph import GraphBuilder, OpGraph, OpKind, OpLocator
+
+_LOG = logging.getLogger("alpa_pass")
+_FILE_LOC = re.compile(r'"([^"]+)":(\d+):\d+')
+_NAME_LOC = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?!:\d)')
+_PARSER_BUFFER = "-"  # file name MLIR gives positions in parsed text: not a source location
+
+
+def make_context() -> ir.Context:
+    """An MLIR context with the func/stablehlo/chlo/sdy/mhlo dialects that jax modules use.
+
+    jaxlib's public bindings register stablehlo/chlo/sdy but not ``func``; jax's own context
+    factory is the one call that gives all of them.
+    """
+    from alpa_pass import _compat
+
+    return _compat.make_ir_context()
+
+
+def parse_module(text: str, context: ir.Context | None = None) -> ir.Module:
+    """Parse StableHLO text; raise ExtractError with MLIR's diagnostics when it does not parse."""
+    ctx = context or make_context()
+    try:
+        return ir.Module.parse(text, ctx)
+    except ir.MLIRError as e:
+        raise ExtractError(f"could not parse the MLIR module: {e}") from e
+
+
+def functions(module: ir.Module) -> dict:
+    """Symbol name -> ``func.func`` operation, for every function in the module body."""
+    out = {}
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            out[ir.StringAttr(op.attributes["sym_name"]).value] = op.operation
+    return out
+
+
+def element_bytes(t: ir.Type) -> int:
+    """Bytes per element (i1 and sub-byte types count as 1, complex counts both parts)."""
+    if isinstance(t, ir.ComplexType):
+        return 2 * element_bytes(t.element_type)
+    if isinstance(t, (ir.IntegerType, ir.FloatType)):
+        return max(1, (t.width + 7) // 8)
+    if isinstance(t, ir.IndexType):
+        return 8
+    raise ExtractError(f"unsupported element type {t}; alpa_pass handles int, float and complex")
+
+
+def source_label(op_name: str, location: ir.Location) -> str:
+    """``short_name@file.py:line`` from the innermost file location, or the short name alone."""
+    short = op_name.split(".", 1)[-1]
+    for m in _FILE_LOC.finditer(str(location)):
+        if m.group(1) != _PARSER_BUFFER:
+            return f"{short}@{os.path.basename(m.group(1))}:{m.group(2)}"
+    return short
+
+
+class _Walker:
+    """Builds the graph for one extraction; holds the per-extraction caches and fallback log."""
+
+    def __init__(self, funcs: dict):
+        self.funcs = funcs
+        self.builder = GraphBuilder()
+        self._types: dict = {}
+        self._info: list = []  # node id -> (shape, dtype_bytes)
+
+    def add(self, kind, shape, nbytes, operands, attrs, **kw) -> int:
+        self._info.append((shape, nbytes))
+        return self.builder.add(kind, shape, nbytes, operands, attrs, **kw)
+
+    def type_info(self, t: ir.Type, what: str) -> tuple:
+        """(shape, dtype_bytes) of a result type; tokens and tuples give ((), 0)."""
+        info = self._types.get(t)
+        if info is None:
+            if isinstance(t, ir.RankedTensorType):
+                if not t.has_static_shape:
+                    raise ExtractError(
+                        f"{what} has the dynamic type {t}; alpa_pass needs static shapes: lower "
+                        f"with concrete shapes (no shape polymorphism)")
+                info = (tuple(t.shape), element_bytes(t.element_type))
+            elif isinstance(t, ir.ShapedType):
+                raise ExtractError(f"{what} has the unranked type {t}; shapes must be static")
+            else:
+                info = ((), 0)
+            self._types[t] = info
+        return info
+
+    def fallback(self, name: str) -> None:
+        fb = self.builder.fallbacks
+        if name not in fb:
+            _LOG.warning("alpa_pass: no sharding rule for op '%s'; it will be computed replicated",
+                         name)
+        fb[name] = fb.get(name, 0) + 1
+
+    def add_params(self, func_op) -> list[int]:
+        block = func_op.regions[0].blocks[0]
+        fname = ir.StringAttr(func_op.attributes["sym_name"]).value
+        nodes = []
+        for i, arg in enumerate(block.arguments):
+            shape, nbytes = self.type_info(arg.type, f"argument {i} of @{fname}")
+            m = _NAME_LOC.match(str(arg.location))
+            nodes.append(self.add(
+                OpKind.PARAMETER, shape, nbytes, (), (i,), op_name="parameter",
+                label=m.group(1) if m else f"arg{i}", locator=OpLocator(fname, -1, i)))
+        return nodes
+
+    def add_outputs(self, func_op, values: list[int]) -> None:
+        fname = ir.StringAttr(func_op.attributes["sym_name"]).value
+        res_attrs = func_op.attributes["res_attrs"] if "res_attrs" in func_op.attributes else None
+        for i, v in enumerate(values):
+            label = f"out{i}"
+            if res_attrs is not None and "jax.result_info" in res_attrs[i]:
+                label = ir.StringAttr(res_attrs[i]["jax.result_info"]).value
+            shape, nbytes = self._info[v]
+            self.add(OpKind.OUTPUT, shape, nbytes, (v,), (i,), op_name="output", label=label,
+                     locator=OpLocator(fname, -2, i))
+
+    def walk(self, fname: str, arg_nodes: list[int], call_path: tuple) -> list[int]:
+        """Add nodes for the body of ``fname``; return the node ids of its returned values."""
+        func_op = self.funcs.get(fname)
+        if func_op is None:
+            raise ExtractError(f"func.call to @{fname}, which is not defined in the module")
+        block = func_op.regions[0].blocks[0]
+        env = dict(zip(block.arguments, arg_nodes))
+        for i, op in enumerate(block.operations):
+            op = op.operation
+            name = op.name
+            ins = [env[v] for v in op.operands]
+            if name == "func.return":
+                return ins
+            if name == "func.call":
+                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                outs = self.walk(callee, ins, call_path + ((fname, i),))
+            else:
+                outs = self.add_op(op, ins, OpLocator(fname, i, 0, call_path))
+            env.update(zip(op.results, outs))
+        raise ExtractError(f"function @{fname} has no func.return")
+
+    def add_op(self, op, ins: list[int], loc: OpLocator) -> list[int]:
+        name = op.name
+        label = source_label(name, op.location)
+        rule = op_table.lookup(name, len(op.regions) > 0)
+        specs = rule(op, ins) if rule is not None else None
+        if specs is None:
+            self.fallback(name)
+            specs = op_table.opaque(op, ins)
+        outs = []
+        for k, (res, (kind, operands, attrs)) in enumerate(zip(op.results, specs)):
+            shape, nbytes = self.type_info(res.type, f"op {name} ({label})")
+            outs.append(self.add(
+                kind, shape, nbytes, operands, attrs, op_name=name, label=label,
+                locator=OpLocator(loc.func, loc.op_index, k, loc.call_path)))
+        return outs
+
+
+def extract_graph(module: ir.Module, entry: str = "main") -> OpGraph:
+    """Extract the flat op graph of ``entry`` (calls inlined) from a StableHLO module.
+
+    Raises:
+      ExtractError: no function ``entry``, a dynamic/unranked shape, an undefined callee.
+    Unknown ops become OPAQUE nodes, counted in ``graph.fallbacks`` and logged once per name.
+    """
+    funcs = functions(module)
+    if entry not in funcs:
+        raise ExtractError(f"module has no function @{entry} (functions: {sorted(funcs)}); "
+                           f"pass entry= the name of the function to extract")
+    w = _Walker(funcs)
+    params = w.add_params(funcs[entry])
+    results = w.walk(entry, params, ())
+    w.add_outputs(funcs[entry], results)
+    return w.builder.build(num_args=len(params), num_outputs=len(results))

@@ -1,0 +1,159 @@
+"""Sharding constraints inserted into a second (sharded) lowering, compiled and run on 8 CPUs."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from alpa_pass.emit.constraints import (SKIP_CALL_PATHS, SKIP_GENERATOR, SKIP_PARAM_OUTPUT,
+                                        insert_constraints, sharding_text)
+from alpa_pass.errors import EmitError, ShardingError
+from alpa_pass.extract.graph import OpKind
+from alpa_pass.extract.stablehlo import extract_graph
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+
+
+def _lower_both(f, args, mesh):
+    """(graph of the plain lowering, the replicated-sharded Lowered whose module we edit).
+
+    jax caches lowerings per function and hands out the same ir.Module; a fresh wrapper keeps
+    the in-place edits of one test out of the next.
+    """
+    graph = extract_graph(jax.jit(f).lower(*args).compiler_ir("stablehlo"))
+    rep = NamedSharding(mesh, P())
+    fresh = lambda *a: f(*a)  # noqa: E731
+    lowered = jax.jit(fresh, in_shardings=tuple(rep for _ in args), out_shardings=rep).lower(*args)
+    return graph, lowered
+
+
+def _nodes(g, op_name):
+    return [v for v in range(g.num_nodes) if g.op_names[v] == op_name]
+
+
+def _dot_shapes(hlo_text):
+    return re.findall(r"= f32\[([\d,]*)\]\{[\d,]*\} dot\(", hlo_text)
+
+
+def _mlp(w1, w2, x):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def _mlp_args():
+    rng = np.random.default_rng(0)
+    shapes = ((16, 32), (32, 8), (4, 16))
+    return tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes)
+
+
+def test_sharding_text():
+    assert sharding_text([("x",), ()], "mesh") == '#sdy.sharding<@mesh, [{"x"}, {}]>'
+    assert sharding_text([("x", "y")], "m") == '#sdy.sharding<@m, [{"x", "y"}]>'
+    assert sharding_text([], "mesh") == "#sdy.sharding<@mesh, []>"
+
+
+@pytest.mark.parametrize("spec, per_device", [
+    ([("x",), ("y",)], "2,8"),
+    ([(), ("x", "y")], "4,4"),
+])
+def test_dot_constraint_shapes_the_partitioned_dot(mesh, spec, per_device):
+    args = _mlp_args()
+    graph, lowered = _lower_both(_mlp, args, mesh)
+    dot0 = _nodes(graph, "stablehlo.dot_general")[0]
+    assert graph.shape(dot0) == (4, 32)
+    report = insert_constraints(lowered._lowering._hlo, graph, {dot0: spec})
+    assert report.inserted == 1 and report.skipped == {}
+    assert "sdy.sharding_constraint" in lowered.as_text()
+    compiled = lowered.compile()
+    assert per_device in _dot_shapes(compiled.as_text())
+    np.testing.assert_allclose(compiled(*args), jax.jit(_mlp)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_skips_generators_params_and_outputs(mesh):
+    args = _mlp_args()
+    graph, lowered = _lower_both(_mlp, args, mesh)
+    tanh = _nodes(graph, "stablehlo.tanh")[0]
+    specs = {graph.param_nodes()[0]: [(), ()], graph.output_nodes()[0]: [(), ()],
+             tanh: [("x",), ()]}
+    gens = [v for v in range(graph.num_nodes) if graph.kind[v] == OpKind.GENERATOR]
+    specs.update({v: [()] * len(graph.shape(v)) for v in gens})
+    report = insert_constraints(lowered._lowering._hlo, graph, specs)
+    assert report.inserted == 1
+    assert report.skipped == {SKIP_PARAM_OUTPUT: 2, **({SKIP_GENERATOR: len(gens)} if gens else {})}
+    np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_mlp)(*args), rtol=1e-5, atol=1e-5)
+
+
+@jax.jit
+def _helper(a):
+    return jnp.sin(a) * 2.0
+
+
+def _twice(w, x):
+    return _helper(_helper(x @ w))
+
+
+def test_callee_reached_twice(mesh):
+    args = (jnp.arange(128.0).reshape(8, 16) / 100, jnp.ones((4, 8)))
+    graph, lowered = _lower_both(_twice, args, mesh)
+    s0, s1 = _nodes(graph, "stablehlo.sine")
+    module = lowered._lowering._hlo
+    report = insert_constraints(module, graph, {s0: [("x",), ("y",)], s1: [("x",), ("y",)]})
+    assert report.inserted == 1 and report.skipped == {}
+    text = lowered.as_text()
+    assert text.count("sdy.sharding_constraint") == 1
+    callee = text[text.index("func.func private"):]
+    assert '<@mesh, [{"x"}, {"y"}]>' in callee
+    np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_twice)(*args), rtol=1e-5)
+
+
+def test_callee_conflicting_call_paths_are_skipped(mesh):
+    args = (jnp.ones((8, 16)), jnp.ones((4, 8)))
+    graph, lowered = _lower_both(_twice, args, mesh)
+    s0, s1 = _nodes(graph, "stablehlo.sine")
+    dot = _nodes(graph, "stablehlo.dot_general")[0]
+    specs = {s0: [("x",), ()], s1: [(), ("y",)], dot: [("x",), ("y",)]}
+    report = insert_constraints(lowered._lowering._hlo, graph, specs)
+    assert report.inserted == 1 and report.skipped == {SKIP_CALL_PATHS: 2}
+    assert report.num_skipped == 2
+    assert lowered.as_text().count("sdy.sharding_constraint") == 1
+
+
+def test_module_changed_between_extraction_and_emission(mesh):
+    args = _mlp_args()
+    graph, _ = _lower_both(_mlp, args, mesh)
+    _, other = _lower_both(lambda a, b, x: jnp.sin(x @ a) @ b, args, mesh)
+    tanh = _nodes(graph, "stablehlo.tanh")[0]
+    with pytest.raises(EmitError, match="module changed between extraction and emission"):
+        insert_constraints(other._lowering._hlo, graph, {tanh: [(), ()]})
+
+
+def test_bad_specs_and_missing_mesh(mesh):
+    args = _mlp_args()
+    graph, lowered = _lower_both(_mlp, args, mesh)
+    dot = _nodes(graph, "stablehlo.dot_general")[0]
+    module = lowered._lowering._hlo
+    with pytest.raises(ShardingError, match="names 1 dims"):
+        insert_constraints(module, graph, {dot: [("x",)]})
+    with pytest.raises(ShardingError, match="mesh axis 'z' is not in the mesh"):
+        insert_constraints(module, graph, {dot: [("z",), ()]})
+    with pytest.raises(ShardingError, match="uses a mesh axis twice"):
+        insert_constraints(module, graph, {dot: [("x",), ("x",)]})
+    with pytest.raises(EmitError, match="no 'sdy.mesh @other'"):
+        insert_constraints(module, graph, {dot: [("x",), ()]}, mesh_name="other")
+    assert "sdy.sharding_constraint" not in lowered.as_text()
+
+
+def test_same_ops_different_shapes_is_a_changed_module(mesh):
+    args = _mlp_args()
+    graph, _ = _lower_both(_mlp, args, mesh)
+    _, other = _lower_both(_mlp, (args[0], args[1], jnp.ones((8, 16))), mesh)
+    dot = _nodes(graph, "stablehlo.dot_general")[0]
+    with pytest.raises(EmitError, match=r"has shape \(4, 32\) but @main op 0 result 0 has shape "
+                                        r"\(8, 32\)"):
+        insert_constraints(other._lowering._hlo, graph, {dot: [("x",), ()]})

@@ -1,0 +1,192 @@
+"""StableHLO -> OpGraph extraction on modules lowered from real jax functions."""
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from alpa_pass.errors import ExtractError
+from alpa_pass.extract.graph import OpKind
+from alpa_pass.extract.stablehlo import extract_graph, parse_module
+
+
+def _graph(f, *args):
+    return extract_graph(jax.jit(f).lower(*args).compiler_ir("stablehlo"))
+
+
+def _nodes(g, op_name):
+    return [v for v in range(g.num_nodes) if g.op_names[v] == op_name]
+
+
+def _only(g, op_name):
+    (v,) = _nodes(g, op_name)
+    return v
+
+
+def test_graph_is_topological_and_params_outputs_are_indexed():
+    def f(w, x):
+        return jnp.tanh(x @ w), x.sum()
+
+    g = _graph(f, jnp.ones((8, 16)), jnp.ones((4, 8)))
+    for v in range(g.num_nodes):
+        assert all(u < v for u in g.operands(v))
+    assert g.num_args == 2 and g.num_outputs == 2
+    assert [g.shape(v) for v in g.param_nodes()] == [(8, 16), (4, 8)]
+    assert [g.labels[v] for v in g.param_nodes()] == ["w", "x"]
+    outs = g.output_nodes()
+    assert [g.shape(v) for v in outs] == [(4, 16), ()]
+    assert [g.labels[v] for v in outs] == ["result[0]", "result[1]"]
+    assert g.op_names[g.operands(outs[0])[0]] == "stablehlo.tanh"
+
+
+def test_mlp_kinds_shapes_and_labels():
+    def mlp(w1, w2, x):
+        h = jax.nn.relu(x @ w1)
+        return jnp.mean(h @ w2)
+
+    g = _graph(mlp, jnp.ones((16, 32)), jnp.ones((32, 8), jnp.bfloat16), jnp.ones((4, 16)))
+    dots = _nodes(g, "stablehlo.dot_general")
+    assert [g.shape(v) for v in dots] == [(4, 32), (4, 8)]
+    assert all(g.kind[v] == OpKind.DOT for v in dots)
+    assert g.labels[dots[0]].startswith("dot_general@test_extract.py:")
+    assert g.dtype_bytes[g.param_nodes()[1]] == 2
+    kinds = {OpKind(int(k)) for k in g.kind}
+    assert {OpKind.PARAMETER, OpKind.OUTPUT, OpKind.DOT, OpKind.ELEMENTWISE, OpKind.BROADCAST,
+            OpKind.REDUCE, OpKind.GENERATOR} <= kinds
+    assert OpKind.OPAQUE not in kinds and g.fallbacks == {}
+
+
+def test_einsum_with_batch_dims_gives_dot_attrs():
+    def f(q, k):
+        return jnp.einsum("bshd,bthd->bhst", q, k)
+
+    g = _graph(f, jnp.ones((2, 5, 3, 4)), jnp.ones((2, 7, 3, 4)))
+    v = _only(g, "stablehlo.dot_general")
+    # batch (b, h) = lhs (0, 2) / rhs (0, 2); contract d = lhs 3 / rhs 3.
+    assert g.node_attrs(v) == [2, 0, 2, 0, 2, 1, 3, 3]
+    assert g.shape(v) == (2, 3, 5, 7)
+    assert g.operands(v) == g.param_nodes()
+
+
+def test_reduce_and_broadcast_dims():
+    def f(x):
+        return x.sum(axis=(0, 2)), jnp.broadcast_to(x[:, :1, :].squeeze(1)[:, None, :], (2, 6, 4))
+
+    g = _graph(f, jnp.ones((2, 3, 4)))
+    r = _only(g, "stablehlo.reduce")
+    assert g.kind[r] == OpKind.REDUCE and g.node_attrs(r) == [0, 2] and g.shape(r) == (3,)
+    x, init = g.operands(r)
+    assert x == g.param_nodes()[0] and g.kind[init] == OpKind.GENERATOR and g.shape(init) == ()
+    b = [v for v in _nodes(g, "stablehlo.broadcast_in_dim") if g.shape(v) == (2, 6, 4)]
+    assert [g.node_attrs(v) for v in b] == [[0, 1, 2]]
+    assert g.shape(g.operands(b[0])[0]) == (2, 1, 4)
+
+
+def test_transpose_reshape_and_multi_result_reduce():
+    def f(x):
+        return x.T.reshape(12), jnp.argmax(x, axis=1)
+
+    g = _graph(f, jnp.ones((3, 4)))
+    t = _only(g, "stablehlo.transpose")
+    assert g.kind[t] == OpKind.TRANSPOSE and g.node_attrs(t) == [1, 0]
+    assert g.kind[_only(g, "stablehlo.reshape")] == OpKind.RESHAPE
+    r = _nodes(g, "stablehlo.reduce")
+    assert len(r) == 2 and [g.shape(v) for v in r] == [(3,), (3,)]
+    assert [g.locators[v].result for v in r] == [0, 1]
+    assert g.locators[r[0]].op_index == g.locators[r[1]].op_index
+    assert [g.dtype_bytes[v] for v in r] == [4, 4]
+    assert all(len(g.operands(v)) == 2 and g.shape(g.operands(v)[1]) == () for v in r)
+
+
+def test_windowed_and_slicing_ops_have_unshardable_dims():
+    def f(x):
+        return (jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3), (1, 1), "SAME"),
+                jnp.pad(x, ((2, 0), (0, 0))), jnp.sort(x, axis=1), jnp.flip(x, 0),
+                jnp.concatenate([x, x], 1), x[1:, :])
+
+    g = _graph(f, jnp.ones((4, 6)))
+    expect = {"stablehlo.reduce_window": [1], "stablehlo.pad": [0], "stablehlo.sort": [1],
+              "stablehlo.reverse": [0], "stablehlo.concatenate": [1], "stablehlo.slice": [0]}
+    for name, dims in expect.items():
+        v = _only(g, name)
+        assert g.kind[v] == OpKind.ELEMENTWISE and g.node_attrs(v) == dims, name
+
+
+def test_call_is_inlined_per_call_path():
+    @jax.jit
+    def h(a):
+        return jnp.sin(a)
+
+    g = _graph(lambda x: h(h(x)), jnp.ones((3,)))
+    s = _nodes(g, "stablehlo.sine")
+    assert len(s) == 2 and g.operands(s[1]) == [s[0]]
+    l0, l1 = g.locators[s[0]], g.locators[s[1]]
+    assert l0.func == l1.func != "main" and l0.op_index == l1.op_index
+    assert l0.call_path != l1.call_path and len(l0.call_path) == 1
+
+
+def test_unknown_op_falls_back_to_opaque_and_logs_once(caplog):
+    def f(x):
+        y = jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x)
+        z = jax.lax.fori_loop(0, 2, lambda i, c: c + 1.0, y)
+        return z, jax.lax.rng_bit_generator(jnp.zeros((4,), jnp.uint32), (4,))[1]
+
+    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+        g = _graph(f, jnp.ones((4,)))
+    assert g.fallbacks["stablehlo.while"] == 2
+    assert g.fallbacks["stablehlo.rng_bit_generator"] == 1
+    w = _nodes(g, "stablehlo.while")
+    assert all(g.kind[v] == OpKind.OPAQUE for v in w)
+    msgs = [r.getMessage() for r in caplog.records if "stablehlo.while" in r.getMessage()]
+    assert len(msgs) == 1 and "computed replicated" in msgs[0]
+
+
+def test_dynamic_shapes_raise_extract_error():
+    text = """
+    func.func @main(%a: tensor<4xf32>, %n: tensor<i32>) -> tensor<?xf32> {
+      %0 = stablehlo.reshape %n : (tensor<i32>) -> tensor<1xi32>
+      %1 = stablehlo.dynamic_iota %0, dim = 0 : (tensor<1xi32>) -> tensor<?xf32>
+      return %1 : tensor<?xf32>
+    }"""
+    with pytest.raises(ExtractError, match=r"stablehlo.dynamic_iota.*static shapes"):
+        extract_graph(parse_module(text))
+
+
+def test_missing_entry_and_unparsable_text():
+    m = parse_module("func.func @f(%a: tensor<2xf32>) -> tensor<2xf32> {"
+                     " return %a : tensor<2xf32> }")
+    with pytest.raises(ExtractError, match="no function @main"):
+        extract_graph(m)
+    assert extract_graph(m, entry="f").num_nodes == 2
+    with pytest.raises(ExtractError, match="could not parse"):
+        parse_module("func.func @f(")
+
+
+@pytest.mark.parametrize("text, dims, kind", [
+    ("%r = stablehlo.bitcast_convert %a : (tensor<4x2xf32>) -> tensor<4x2xi32>", (4, 2),
+     OpKind.ELEMENTWISE),
+    ("%r = stablehlo.bitcast_convert %a : (tensor<4x2xf32>) -> tensor<4x2x4xi8>", (4, 2, 4),
+     OpKind.OPAQUE),
+    ("%r = stablehlo.broadcast %a, sizes = [3] : (tensor<4x2xf32>) -> tensor<3x4x2xf32>",
+     (3, 4, 2), OpKind.BROADCAST),
+    ("%r = stablehlo.dot %a, %a2 : (tensor<4x2xf32>, tensor<2xf32>) -> tensor<4xf32>", (4,),
+     OpKind.DOT),
+])
+def test_hand_written_ops(text, dims, kind):
+    out_type = "tensor<" + "x".join(map(str, dims)) + ("xi32>" if "i32>" in text.split("->")[1]
+                                                         else "xi8>" if "i8>" in text else "xf32>")
+    m = parse_module(f"""func.func @main(%a: tensor<4x2xf32>, %a2: tensor<2xf32>) -> {out_type} {{
+      {text}
+      return %r : {out_type}
+    }}""")
+    g = extract_graph(m)
+    v = g.num_nodes - 2
+    assert g.kind[v] == kind and g.shape(v) == dims
+    if kind == OpKind.BROADCAST:
+        assert g.node_attrs(v) == [1, 2]
+    if kind == OpKind.DOT:
+        assert g.node_attrs(v) == [0, 1, 1, 0]
+    assert np.all(g.operand_ids < g.num_nodes)
