@@ -120,7 +120,8 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
                                   spec=mesh.spec_to_partition_spec(spec, len(shape)),
                                   strategy=names[rows[v]], cost=float(compute[v] + comm[v])))
     predicted = {"compute": float(compute.sum()), "communication": float(comm.sum())}
-    predicted["resharding"] = float(solution.objective - predicted["compute"] - predicted["communication"])
+    resharding = float(solution.objective - predicted["compute"] - predicted["communication"])
+    predicted["resharding"] = 0.0 if abs(resharding) <= 1e-9 * max(1.0, abs(solution.objective)) else resharding
     ilp_size = {"nodes": graph.num_nodes, "groups": int(ilp.num_groups), "columns": int(ilp.num_cols),
                 "edge_columns": int(ilp.num_edge_vars), "rows": int(ilp.num_rows),
                 "nonzeros": int(len(ilp.a_value))}

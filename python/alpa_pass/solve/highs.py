@@ -1,8 +1,10 @@
 """Solve an ``IlpProblem`` (the C++ core's named CSC arrays) with HiGHS through highspy."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 
@@ -47,7 +49,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
 
     from alpa_pass import _core
 
-    h = highspy.Highs()
+    with _quiet_stdout(not options.log_to_console):
+        h = highspy.Highs()  # HiGHS prints a banner from C++ on the first construction
     log_path = None
     h.setOptionValue("output_flag", bool(options.log_to_console or options.keep_log))
     h.setOptionValue("log_to_console", bool(options.log_to_console))
@@ -111,3 +114,20 @@ def _read_and_remove(path):
             return f.read()
     finally:
         os.remove(path)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(enabled: bool):
+    """Silence the C-level stdout (fd 1) while enabled."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

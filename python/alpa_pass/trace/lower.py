@@ -1,6 +1,8 @@
 """Trace and lower a user function to StableHLO with stock ``jax.jit``."""
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from alpa_pass.errors import TraceError
@@ -21,10 +23,10 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=())
         kwargs["in_shardings"] = in_shardings
     if out_shardings is not None:
         kwargs["out_shardings"] = out_shardings
+    @functools.wraps(fn)  # keeps fn's signature, so jax names arguments after fn's parameters
     def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
         return fn(*a)  # and emission edits the module in place
 
-    fresh.__name__ = fresh.__qualname__ = fn_name(fn).replace("<", "").replace(">", "")
     try:
         return jax.jit(fresh, **kwargs).lower(*args)
     except TraceError:
