@@ -33,7 +33,8 @@ struct IlpProblem {
   std::vector<int32_t> a_index;     // row of each nonzero
   std::vector<double> a_value;
   std::vector<double> row_lower, row_upper;
-  double offset = 0.0;              // constant part of the objective
+  double offset = 0.0;              // constant part of the objective (one-strategy groups and
+                                    // edges between two of them); objective = c.x + offset
   // --- structure, for decoding and evaluate() ---
   std::vector<int64_t> group_var_start;  // [G + 1]: s-columns of group g
   std::vector<std::vector<double>> group_costs;  // the linear costs as given
@@ -47,7 +48,7 @@ IlpProblem build_ilp(std::vector<std::vector<double>> group_costs, std::vector<I
                      std::vector<IlpEquality> equalities);
 
 struct EvalResult {
-  double objective = 0.0;    // linear + edge costs (+ offset)
+  double objective = 0.0;    // linear + edge costs (the offset is part of them)
   double linear_cost = 0.0;
   double edge_cost = 0.0;
   std::vector<std::string> violations;  // human-readable; empty = feasible

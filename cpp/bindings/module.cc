@@ -1,0 +1,289 @@
+// alpa_pass._core: the one binding file (API in docs/core_api.md). Inputs are copied once into
+// the C++ structs; IlpProblem arrays come back as read-only numpy views that keep the problem
+// alive; std::invalid_argument becomes ValueError with the C++ message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "alpa/graph.h"
+#include "alpa/ilp.h"
+#include "alpa/mesh.h"
+#include "alpa/problem.h"
+#include "alpa/spec.h"
+#include "alpa/strategy.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace alpa {
+namespace {
+
+template <typename T>
+using In1 = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using InCost = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using Out = nb::ndarray<nb::numpy, T>;
+
+template <typename T>
+std::vector<T> to_vector(const In1<T>& a) {
+  return std::vector<T>(a.data(), a.data() + a.shape(0));
+}
+
+// Getters returning arrays that own their memory (the default reference_internal would clash).
+constexpr auto kOwned = nb::rv_policy::automatic;
+
+// A numpy array that owns `v` (moved to the heap).
+template <typename T>
+Out<T> to_numpy(std::vector<T> v, std::vector<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Out<T>(heap->data(), shape.size(), shape.data(), owner);
+}
+
+// A read-only numpy view of a member vector of the bound object `self`, keeping `self` alive.
+template <typename T, typename Self>
+nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(const Self& self, const std::vector<T>& v) {
+  return nb::ndarray<nb::numpy, const T, nb::ndim<1>>(v.data(), {v.size()}, nb::find(&self));
+}
+
+Mesh make_mesh(std::vector<int64_t> shape, std::vector<double> alpha, std::vector<double> beta) {
+  Mesh m{std::move(shape), std::move(alpha), std::move(beta)};
+  m.validate();
+  return m;
+}
+
+Graph make_graph(In1<int32_t> kind, In1<int32_t> dtype_bytes, In1<int64_t> shape_offsets,
+                 In1<int64_t> shape_dims, In1<int64_t> operand_offsets, In1<int64_t> operand_ids,
+                 In1<int64_t> attr_offsets, In1<int64_t> attrs) {
+  Graph g{to_vector(kind),         to_vector(dtype_bytes), to_vector(shape_offsets),
+          to_vector(shape_dims),   to_vector(operand_offsets), to_vector(operand_ids),
+          to_vector(attr_offsets), to_vector(attrs)};
+  g.validate();
+  return g;
+}
+
+NodeStrategies node_strategies(const Graph& g, int64_t v, const Mesh& mesh, const CoreOptions& opts) {
+  if (v < 0 || v >= g.num_nodes()) {
+    throw std::invalid_argument("node " + std::to_string(v) + " out of range for a graph of " +
+                                std::to_string(g.num_nodes()) + " nodes");
+  }
+  std::vector<NodeStrategies> done;
+  done.reserve(v + 1);
+  RuleContext ctx{g, mesh, opts, done};
+  for (int64_t u = 0; u <= v; ++u) done.push_back(rule_for(g.op_kind(u))(ctx, u));
+  return std::move(done.back());
+}
+
+using EdgeIn = std::tuple<int64_t, int64_t, InCost>;
+using EqualityIn = std::tuple<int64_t, int64_t, In1<int64_t>>;
+
+IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::vector<EdgeIn>& edges,
+                        const std::vector<EqualityIn>& equalities) {
+  std::vector<std::vector<double>> groups;
+  groups.reserve(group_costs.size());
+  for (const auto& c : group_costs) groups.push_back(to_vector(c));
+  const auto G = static_cast<int64_t>(groups.size());
+  std::vector<IlpEdge> es;
+  es.reserve(edges.size());
+  for (size_t k = 0; k < edges.size(); ++k) {
+    const auto& [u, v, cost] = edges[k];
+    if (cost.ndim() == 2 && u >= 0 && u < G && v >= 0 && v < G &&
+        (cost.shape(0) != groups[u].size() || cost.shape(1) != groups[v].size())) {
+      throw std::invalid_argument(
+          "edge " + std::to_string(k) + " cost has shape (" + std::to_string(cost.shape(0)) + ", " +
+          std::to_string(cost.shape(1)) + "), expected (" + std::to_string(groups[u].size()) +
+          ", " + std::to_string(groups[v].size()) + ") = (|S_u|, |S_v|)");
+    }
+    es.push_back({u, v, std::vector<double>(cost.data(), cost.data() + cost.size())});
+  }
+  std::vector<IlpEquality> qs;
+  qs.reserve(equalities.size());
+  for (const auto& [u, v, match] : equalities) qs.push_back({u, v, to_vector(match)});
+  return build_ilp(std::move(groups), std::move(es), std::move(qs));
+}
+
+// Flattened per-strategy views of ShardingProblem.nodes (docs/core_api.md).
+Out<int64_t> strategy_offsets(const ShardingProblem& p) {
+  std::vector<int64_t> off{0};
+  for (const auto& ns : p.nodes) off.push_back(off.back() + static_cast<int64_t>(ns.list.size()));
+  return to_numpy(std::move(off), {p.nodes.size() + 1});
+}
+
+// Specs stacked as int32 rows; `pick` returns the specs of one strategy.
+template <typename Pick>
+Out<int32_t> stacked_specs(const ShardingProblem& p, Pick pick) {
+  std::vector<int32_t> flat;
+  size_t rows = 0, width = 0;
+  for (const auto& ns : p.nodes) {
+    for (const auto& s : ns.list) {
+      for (const Spec* spec : pick(s)) {
+        width = spec->size();
+        flat.insert(flat.end(), spec->begin(), spec->end());
+        ++rows;
+      }
+    }
+  }
+  return to_numpy(std::move(flat), {rows, width});
+}
+
+Out<int64_t> in_spec_offsets(const ShardingProblem& p) {
+  std::vector<int64_t> off{0};
+  for (const auto& ns : p.nodes) {
+    for (const auto& s : ns.list) off.push_back(off.back() + static_cast<int64_t>(s.ins.size()));
+  }
+  const size_t n = off.size();
+  return to_numpy(std::move(off), {n});
+}
+
+template <typename Field>
+Out<double> strategy_costs(const ShardingProblem& p, Field field) {
+  std::vector<double> out;
+  for (const auto& ns : p.nodes) {
+    for (const auto& s : ns.list) out.push_back(s.*field);
+  }
+  const size_t n = out.size();
+  return to_numpy(std::move(out), {n});
+}
+
+void bind_mesh_spec(nb::module_& m) {
+  nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.")
+      .def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a)
+      .def_ro("shape", &Mesh::shape)
+      .def_ro("alpha", &Mesh::alpha)
+      .def_ro("beta", &Mesh::beta)
+      .def_prop_ro("ndim", &Mesh::ndim)
+      .def_prop_ro("num_devices", &Mesh::num_devices)
+      .def("all_reduce", &Mesh::all_reduce, "bytes"_a, "axis"_a)
+      .def("all_gather", &Mesh::all_gather, "bytes"_a, "axis"_a)
+      .def("reduce_scatter", &Mesh::reduce_scatter, "bytes"_a, "axis"_a)
+      .def("all_to_all", &Mesh::all_to_all, "bytes"_a, "axis"_a)
+      .def("__repr__", [](const Mesh& mesh) {
+        std::string s = "Mesh(shape=[";
+        for (int a = 0; a < mesh.ndim(); ++a) s += (a ? ", " : "") + std::to_string(mesh.shape[a]);
+        return s + "])";
+      });
+  m.def("enumerate_specs", [](std::vector<int64_t> shape, const Mesh& mesh) {
+    return enumerate_specs(shape, mesh);
+  }, "shape"_a, "mesh"_a, "Every spec of `shape` on `mesh` whose splits divide the dims.");
+  m.def("reshard_cost", [](const Mesh& mesh, std::vector<int64_t> shape, double dtype_bytes,
+                           const Spec& src, const Spec& dst) {
+    return reshard_cost(mesh, shape, dtype_bytes, src, dst);
+  }, "mesh"_a, "shape"_a, "dtype_bytes"_a, "src_spec"_a, "dst_spec"_a);
+  m.def("spec_to_string", &spec_to_string, "spec"_a, "rank"_a);
+}
+
+void bind_graph_strategy(nb::module_& m) {
+  nb::class_<CoreOptions>(m, "CoreOptions", "Options of the C++ core (see strategy.h).")
+      .def(nb::init<>())
+      .def_rw("allow_replicated_heavy_ops", &CoreOptions::allow_replicated_heavy_ops)
+      .def_rw("compute_cost_per_flop", &CoreOptions::compute_cost_per_flop)
+      .def_rw("merge_followers", &CoreOptions::merge_followers)
+      .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel);
+  nb::class_<Graph>(m, "Graph", "Flat op graph (CSR arrays, see extract/graph.py); validated.")
+      .def(nb::new_(&make_graph), "kind"_a, "dtype_bytes"_a, "shape_offsets"_a, "shape_dims"_a,
+           "operand_offsets"_a, "operand_ids"_a, "attr_offsets"_a, "attrs"_a)
+      .def_prop_ro("num_nodes", &Graph::num_nodes);
+  m.def("node_flops", &node_flops, "graph"_a, "v"_a);
+  nb::class_<Strategy>(m, "Strategy")
+      .def_ro("out", &Strategy::out)
+      .def_ro("ins", &Strategy::ins)
+      .def_ro("compute", &Strategy::compute)
+      .def_ro("comm", &Strategy::comm)
+      .def_ro("name", &Strategy::name)
+      .def("__repr__", [](const Strategy& s) { return "Strategy('" + s.name + "')"; });
+  nb::class_<NodeStrategies>(m, "NodeStrategies")
+      .def_ro("follow", &NodeStrategies::follow)
+      .def_ro("strategies", &NodeStrategies::list);
+  m.def("node_strategies", &node_strategies, "graph"_a, "v"_a, "mesh"_a, "options"_a,
+        "Strategies of node v (rules run on nodes 0..v; no merging).");
+}
+
+void bind_problem(nb::module_& m) {
+  nb::class_<ShardingProblem>(m, "ShardingProblem")
+      .def_prop_ro("node_group", [](const ShardingProblem& p) { return view(p, p.node_group); })
+      .def_prop_ro("strategy_offsets", &strategy_offsets, kOwned)
+      .def_prop_ro("out_specs", [](const ShardingProblem& p) {
+        return stacked_specs(p, [](const Strategy& s) { return std::vector<const Spec*>{&s.out}; });
+      }, kOwned)
+      .def_prop_ro("in_spec_offsets", &in_spec_offsets, kOwned)
+      .def_prop_ro("in_specs", [](const ShardingProblem& p) {
+        return stacked_specs(p, [](const Strategy& s) {
+          std::vector<const Spec*> out;
+          for (const Spec& spec : s.ins) out.push_back(&spec);
+          return out;
+        });
+      }, kOwned)
+      .def_prop_ro("compute_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::compute); }, kOwned)
+      .def_prop_ro("comm_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::comm); }, kOwned)
+      .def_prop_ro("strategy_names", [](const ShardingProblem& p) {
+        std::vector<std::string> names;
+        for (const auto& ns : p.nodes) {
+          for (const auto& s : ns.list) names.push_back(s.name);
+        }
+        return names;
+      })
+      .def_prop_ro("follow", [](const ShardingProblem& p) {
+        std::vector<int64_t> f;
+        for (const auto& ns : p.nodes) f.push_back(ns.follow);
+        return to_numpy(std::move(f), {p.nodes.size()});
+      }, kOwned)
+      .def_ro("ilp", &ShardingProblem::ilp);
+  m.def("build_sharding_problem", &build_sharding_problem, "graph"_a, "mesh"_a, "options"_a,
+        "ties"_a = std::vector<std::pair<int64_t, int64_t>>{});
+}
+
+void bind_ilp(nb::module_& m) {
+  nb::class_<IlpProblem>(m, "IlpProblem", "The sharding ILP as HiGHS-ready CSC arrays (ilp.h).")
+      .def_ro("num_cols", &IlpProblem::num_cols)
+      .def_ro("num_rows", &IlpProblem::num_rows)
+      .def_ro("offset", &IlpProblem::offset)
+      .def_ro("num_edge_vars", &IlpProblem::num_edge_vars)
+      .def_prop_ro("num_groups", &IlpProblem::num_groups)
+#define ALPA_ILP_ARRAY(field) \
+  .def_prop_ro(#field, [](const IlpProblem& p) { return view(p, p.field); })
+      ALPA_ILP_ARRAY(col_cost) ALPA_ILP_ARRAY(col_lower) ALPA_ILP_ARRAY(col_upper)
+      ALPA_ILP_ARRAY(integrality) ALPA_ILP_ARRAY(a_start) ALPA_ILP_ARRAY(a_index)
+      ALPA_ILP_ARRAY(a_value) ALPA_ILP_ARRAY(row_lower) ALPA_ILP_ARRAY(row_upper)
+      ALPA_ILP_ARRAY(group_var_start);
+#undef ALPA_ILP_ARRAY
+  m.def("build_ilp", &py_build_ilp, "group_costs"_a, "edges"_a,
+        "equalities"_a = std::vector<EqualityIn>{});
+  nb::class_<EvalResult>(m, "EvalResult")
+      .def_ro("objective", &EvalResult::objective)
+      .def_ro("linear_cost", &EvalResult::linear_cost)
+      .def_ro("edge_cost", &EvalResult::edge_cost)
+      .def_ro("violations", &EvalResult::violations)
+      .def("__repr__", [](const EvalResult& r) {
+        return "EvalResult(objective=" + std::to_string(r.objective) + ", violations=" +
+               std::to_string(r.violations.size()) + ")";
+      });
+  m.def("evaluate", [](const IlpProblem& p, In1<int64_t> a) { return evaluate(p, to_vector(a)); },
+        "ilp"_a, "assignment"_a);
+  m.def("evaluate_columns", [](const IlpProblem& p, In1<double> x, double tol) {
+    return evaluate_columns(p, to_vector(x), tol);
+  }, "ilp"_a, "x"_a, "tol"_a = 1e-6);
+  m.def("decode_assignment", [](const IlpProblem& p, In1<double> x) {
+    std::vector<int64_t> a = decode_assignment(p, to_vector(x));
+    const size_t n = a.size();
+    return to_numpy(std::move(a), {n});
+  }, "ilp"_a, "x"_a);
+}
+
+}  // namespace
+}  // namespace alpa
+
+NB_MODULE(_core, m) {
+  m.doc() = "alpa_pass C++ core: meshes, specs, strategies, the sharding ILP (docs/core_api.md).";
+  alpa::bind_mesh_spec(m);
+  alpa::bind_graph_strategy(m);
+  alpa::bind_problem(m);
+  alpa::bind_ilp(m);
+}

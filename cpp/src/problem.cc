@@ -1,0 +1,192 @@
+// Whole-graph assembly (see problem.h): strategies per node in topological order, followers merged
+// into their leader's ILP group, resharding costs accumulated per pair of groups, ties turned into
+// equalities, then build_ilp.
+//
+// Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
+// i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "alpa/problem.h"
+#include "alpa/spec.h"
+
+namespace alpa {
+namespace {
+
+std::string node_label(const Graph& g, int64_t v) {
+  return "node " + std::to_string(v) + " (" + op_kind_name(g.op_kind(v)) + ")";
+}
+
+// Throws std::logic_error if a rule broke the NodeStrategies contract for node v.
+void check_rule_output(const Graph& g, const Mesh& mesh, const std::vector<NodeStrategies>& nodes,
+                       int64_t v) {
+  const NodeStrategies& ns = nodes[v];
+  const size_t num_ops = g.operands(v).size();
+  auto fail = [&](const std::string& what) {
+    throw std::logic_error("strategy rule for " + node_label(g, v) + ": " + what);
+  };
+  if (ns.list.empty()) fail("no strategies");
+  if (ns.follow >= 0) {
+    if (ns.follow >= v) fail("follows a later node");
+    if (ns.list.size() != nodes[ns.follow].list.size()) fail("follower length differs from leader");
+  }
+  for (const Strategy& s : ns.list) {
+    if (s.out.size() != static_cast<size_t>(mesh.ndim()) || s.ins.size() != num_ops) {
+      fail("strategy '" + s.name + "' has wrong spec or operand count");
+    }
+  }
+}
+
+// Distinct specs of a list, and for each entry the index of its distinct spec.
+struct SpecIndex {
+  std::vector<const Spec*> unique;
+  std::vector<int32_t> of;
+};
+
+template <typename GetSpec>
+SpecIndex index_specs(size_t n, GetSpec get) {
+  SpecIndex idx;
+  idx.of.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Spec& s = get(i);
+    size_t k = 0;
+    while (k < idx.unique.size() && *idx.unique[k] != s) ++k;
+    if (k == idx.unique.size()) idx.unique.push_back(&s);
+    idx.of.push_back(static_cast<int32_t>(k));
+  }
+  return idx;
+}
+
+struct Assembler {
+  const Graph& g;
+  const Mesh& mesh;
+  ShardingProblem& p;
+  std::vector<std::vector<double>> group_costs;
+  std::vector<IlpEdge> edges;
+  std::unordered_map<uint64_t, size_t> edge_of_pair;  // (lo group << 32 | hi group) -> edge
+
+  void add_group_costs() {
+    for (int64_t v = 0; v < g.num_nodes(); ++v) {
+      std::vector<double>& cost = group_costs[p.node_group[v]];
+      const auto& list = p.nodes[v].list;
+      for (size_t k = 0; k < list.size(); ++k) cost[k] += list[k].compute + list[k].comm;
+    }
+  }
+
+  // Adds the resharding cost of operand t of node v (producer u) to the pair of groups.
+  void add_operand_edge(int64_t v, size_t t, int64_t u) {
+    const auto& su = p.nodes[u].list;
+    const auto& sv = p.nodes[v].list;
+    const int64_t gu = p.node_group[u], gv = p.node_group[v];
+    const SpecIndex iu = index_specs(su.size(), [&](size_t i) -> const Spec& { return su[i].out; });
+    const SpecIndex iv =
+        index_specs(sv.size(), [&](size_t j) -> const Spec& { return sv[j].ins[t]; });
+    const auto shape = g.shape(u);
+    const double elem = g.dtype_bytes[u];
+    std::vector<double> r(iu.unique.size() * iv.unique.size());
+    for (size_t a = 0; a < iu.unique.size(); ++a) {
+      for (size_t b = 0; b < iv.unique.size(); ++b) {
+        r[a * iv.unique.size() + b] = reshard_cost(mesh, shape, elem, *iu.unique[a], *iv.unique[b]);
+      }
+    }
+    auto cost = [&](size_t i, size_t j) { return r[iu.of[i] * iv.unique.size() + iv.of[j]]; };
+    if (gu == gv) {  // same group: strategy k of u meets strategy k of v
+      for (size_t k = 0; k < su.size(); ++k) group_costs[gu][k] += cost(k, k);
+      return;
+    }
+    IlpEdge& e = edge_for(gu, gv);
+    const bool flipped = gu > gv;  // edges are stored with u < v
+    const size_t cols = flipped ? su.size() : sv.size();
+    for (size_t i = 0; i < su.size(); ++i) {
+      for (size_t j = 0; j < sv.size(); ++j) {
+        e.cost[flipped ? j * cols + i : i * cols + j] += cost(i, j);
+      }
+    }
+  }
+
+  IlpEdge& edge_for(int64_t a, int64_t b) {
+    const int64_t lo = std::min(a, b), hi = std::max(a, b);
+    const uint64_t key = (static_cast<uint64_t>(lo) << 32) | static_cast<uint64_t>(hi);
+    auto [it, inserted] = edge_of_pair.try_emplace(key, edges.size());
+    if (inserted) {
+      IlpEdge e;
+      e.u = lo;
+      e.v = hi;
+      e.cost.assign(group_costs[lo].size() * group_costs[hi].size(), 0.0);
+      edges.push_back(std::move(e));
+    }
+    return edges[it->second];
+  }
+};
+
+std::vector<IlpEquality> tie_equalities(const Graph& g, const ShardingProblem& p,
+                                        const std::vector<std::pair<int64_t, int64_t>>& ties) {
+  std::vector<IlpEquality> eqs;
+  eqs.reserve(ties.size());
+  for (const auto& [a, b] : ties) {
+    if (a < 0 || b < 0 || a >= g.num_nodes() || b >= g.num_nodes()) {
+      throw std::invalid_argument("tie (" + std::to_string(a) + ", " + std::to_string(b) +
+                                  ") names a node outside the graph of " +
+                                  std::to_string(g.num_nodes()) + " nodes");
+    }
+    const auto& sa = p.nodes[a].list;
+    const auto& sb = p.nodes[b].list;
+    IlpEquality eq;
+    eq.u = p.node_group[a];
+    eq.v = p.node_group[b];
+    eq.match.assign(sa.size(), -1);
+    for (size_t i = 0; i < sa.size(); ++i) {
+      if (i < sb.size() && sb[i].out == sa[i].out) {  // prefer the same index (same group)
+        eq.match[i] = static_cast<int64_t>(i);
+        continue;
+      }
+      for (size_t j = 0; j < sb.size() && eq.match[i] < 0; ++j) {
+        if (sb[j].out == sa[i].out) eq.match[i] = static_cast<int64_t>(j);
+      }
+    }
+    eqs.push_back(std::move(eq));
+  }
+  return eqs;
+}
+
+}  // namespace
+
+ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
+                                       const CoreOptions& options,
+                                       const std::vector<std::pair<int64_t, int64_t>>& ties) {
+  graph.validate();
+  mesh.validate();
+  const int64_t n = graph.num_nodes();
+  ShardingProblem p;
+  p.nodes.reserve(n);
+  p.node_group.assign(n, -1);
+  int64_t num_groups = 0;
+  std::vector<size_t> group_size;
+  for (int64_t v = 0; v < n; ++v) {
+    const RuleContext ctx{graph, mesh, options, p.nodes};
+    p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
+    check_rule_output(graph, mesh, p.nodes, v);
+    const int64_t leader = p.nodes[v].follow;
+    if (leader >= 0) {
+      p.node_group[v] = p.node_group[leader];
+    } else {
+      p.node_group[v] = num_groups++;
+      group_size.push_back(p.nodes[v].list.size());
+    }
+  }
+  Assembler as{graph, mesh, p, {}, {}, {}};
+  as.group_costs.resize(num_groups);
+  for (int64_t gi = 0; gi < num_groups; ++gi) as.group_costs[gi].assign(group_size[gi], 0.0);
+  as.add_group_costs();
+  for (int64_t v = 0; v < n; ++v) {
+    const auto ops = graph.operands(v);
+    for (size_t t = 0; t < ops.size(); ++t) as.add_operand_edge(v, t, ops[t]);
+  }
+  std::vector<IlpEquality> eqs = tie_equalities(graph, p, ties);
+  p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs));
+  return p;
+}
+
+}  // namespace alpa

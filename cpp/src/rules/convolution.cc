@@ -1,0 +1,36 @@
+// CONVOLUTION: each mesh axis may split the batch (input batch <-> result batch), the output
+// features (kernel out-feature <-> result feature) or the input features (input feature <-> kernel
+// in-feature: partial sums, all-reduced), or nothing. Spatial dims are never split. Grouped
+// convolutions (feature_group_count or batch_group_count > 1) tie features to groups, so they
+// only offer the batch split (and only when batch_group_count == 1).
+#include "rules.h"
+
+namespace alpa::rules {
+namespace {
+
+std::vector<AxisRole> conv_roles(const Graph& g, int64_t v) {
+  const auto a = g.node_attrs(v);
+  const int64_t ns = a[2];
+  const int32_t in_batch = static_cast<int32_t>(a[0]), in_feature = static_cast<int32_t>(a[1]);
+  const int32_t k_in = static_cast<int32_t>(a[3 + ns]), k_out = static_cast<int32_t>(a[4 + ns]);
+  const int32_t out_batch = static_cast<int32_t>(a[5 + 2 * ns]);
+  const int32_t out_feature = static_cast<int32_t>(a[6 + 2 * ns]);
+  const int64_t feature_groups = a[7 + 3 * ns], batch_groups = a[8 + 3 * ns];
+  std::vector<AxisRole> roles;
+  if (batch_groups == 1) roles.push_back({in_batch, -1, out_batch, false, "batch"});
+  if (feature_groups == 1 && batch_groups == 1) {
+    roles.push_back({-1, k_out, out_feature, false, "ofeat"});
+    roles.push_back({in_feature, k_in, -1, true, "ifeat"});
+  }
+  return roles;
+}
+
+}  // namespace
+
+void register_convolution_rule() {
+  set_builtin_rule(OpKind::kConvolution, [](const RuleContext& ctx, int64_t v) {
+    return enumerate_role_strategies(ctx, v, conv_roles(ctx.graph, v), "conv");
+  });
+}
+
+}  // namespace alpa::rules

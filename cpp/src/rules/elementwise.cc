@@ -1,0 +1,96 @@
+// ELEMENTWISE (attrs = unshardable dims): operands of the result's rank take the result's spec,
+// rank-0 operands are replicated. With merge_followers, a node with no unshardable dims whose
+// operands all have the result's shape (or rank 0) follows one operand; otherwise it enumerates
+// its own specs, never splitting an unshardable dim.
+#include <algorithm>
+#include <tuple>
+
+#include "rules.h"
+
+namespace alpa::rules {
+namespace {
+
+bool same_shape(const Graph& g, int64_t a, int64_t b) {
+  const auto sa = g.shape(a), sb = g.shape(b);
+  return std::equal(sa.begin(), sa.end(), sb.begin(), sb.end());
+}
+
+// The operand to follow, or -1. Candidates have the result's exact shape and more than one
+// strategy; preferred in order: not a BROADCAST, not a PARAMETER, most strategies, lowest index.
+int64_t pick_leader(const RuleContext& ctx, int64_t v) {
+  const Graph& g = ctx.graph;
+  if (!ctx.options.merge_followers || !g.node_attrs(v).empty()) return -1;
+  int64_t best = -1;
+  std::tuple<bool, bool, int64_t> best_key;
+  for (int64_t u : g.operands(v)) {
+    if (g.rank(u) == 0) continue;
+    if (!same_shape(g, u, v)) return -1;  // slice, pad, concatenate: not 1:1
+    if (single_strategy(ctx, u)) continue;
+    const std::tuple<bool, bool, int64_t> key{g.op_kind(u) == OpKind::kBroadcast,
+                                              g.op_kind(u) == OpKind::kParameter,
+                                              -static_cast<int64_t>(ctx.done[u].list.size())};
+    if (best < 0 || key < best_key) {
+      best = u;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+// Operand specs for result spec `out`: same spec for same-rank operands, except axes splitting a
+// dim where the operand's size differs (replicated there); rank-0 and other ranks replicated.
+std::vector<Spec> operand_specs(const RuleContext& ctx, int64_t v, const Spec& out) {
+  const Graph& g = ctx.graph;
+  const auto out_shape = g.shape(v);
+  std::vector<Spec> ins;
+  ins.reserve(g.operands(v).size());
+  for (int64_t u : g.operands(v)) {
+    Spec s = replicated_spec(ctx.mesh);
+    if (g.rank(u) == g.rank(v)) {
+      const auto shape = g.shape(u);
+      for (size_t a = 0; a < out.size(); ++a) {
+        if (out[a] >= 0 && shape[out[a]] == out_shape[out[a]]) s[a] = out[a];
+      }
+    }
+    ins.push_back(std::move(s));
+  }
+  return ins;
+}
+
+Strategy make(const RuleContext& ctx, int64_t v, const Spec& out) {
+  Strategy s;
+  s.out = out;
+  s.ins = operand_specs(ctx, v, out);
+  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
+  s.name = "elementwise " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
+  return s;
+}
+
+bool splits_any(const Spec& spec, std::span<const int64_t> dims) {
+  for (int32_t d : spec) {
+    if (d >= 0 && index_of(dims, d) >= 0) return true;
+  }
+  return false;
+}
+
+NodeStrategies elementwise_rule(const RuleContext& ctx, int64_t v) {
+  NodeStrategies ns;
+  const int64_t leader = pick_leader(ctx, v);
+  if (leader >= 0) {
+    ns.follow = leader;
+    ns.list.reserve(ctx.done[leader].list.size());
+    for (const Strategy& lead : ctx.done[leader].list) ns.list.push_back(make(ctx, v, lead.out));
+    return ns;
+  }
+  const auto unshardable = ctx.graph.node_attrs(v);
+  for (const Spec& spec : out_specs(ctx, v)) {
+    if (!splits_any(spec, unshardable)) ns.list.push_back(make(ctx, v, spec));
+  }
+  return ns;
+}
+
+}  // namespace
+
+void register_elementwise_rule() { set_builtin_rule(OpKind::kElementwise, elementwise_rule); }
+
+}  // namespace alpa::rules

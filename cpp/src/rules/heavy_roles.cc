@@ -1,0 +1,66 @@
+// Strategy enumeration shared by the heavy ops (dot, convolution): see enumerate_role_strategies.
+#include "rules.h"
+
+namespace alpa::rules {
+namespace {
+
+// choice[k] for the k-th axis of size > 1: 0 = none, r + 1 = roles[r]. Returns false if a split
+// does not divide its dim.
+bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles,
+           const std::vector<int>& axes, const std::vector<size_t>& choice, const std::string& op,
+           Strategy& s) {
+  const Graph& g = ctx.graph;
+  const auto ops = g.operands(v);
+  Spec lhs = replicated_spec(ctx.mesh), rhs = lhs, out = lhs;
+  std::vector<std::string> labels(ctx.mesh.ndim());
+  int64_t devices = 1;
+  for (size_t k = 0; k < axes.size(); ++k) {
+    if (choice[k] == 0) continue;
+    const AxisRole& r = roles[choice[k] - 1];
+    const int a = axes[k];
+    lhs[a] = r.lhs_dim;
+    rhs[a] = r.rhs_dim;
+    out[a] = r.out_dim;
+    labels[a] = r.label;
+    devices *= ctx.mesh.shape[a];
+  }
+  if (!spec_fits(lhs, g.shape(ops[0]), ctx.mesh) || !spec_fits(rhs, g.shape(ops[1]), ctx.mesh) ||
+      !spec_fits(out, g.shape(v), ctx.mesh)) {
+    return false;
+  }
+  s.comm = 0.0;
+  for (size_t k = 0; k < axes.size(); ++k) {
+    if (choice[k] > 0 && roles[choice[k] - 1].partial) {
+      s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, out), axes[k]);
+    }
+  }
+  s.compute = compute_cost(ctx, node_flops(g, v), devices);
+  s.name = strategy_name(op, labels);
+  s.out = std::move(out);
+  s.ins.assign(ops.size(), replicated_spec(ctx.mesh));
+  s.ins[0] = std::move(lhs);
+  s.ins[1] = std::move(rhs);
+  return true;
+}
+
+}  // namespace
+
+NodeStrategies enumerate_role_strategies(const RuleContext& ctx, int64_t v,
+                                         const std::vector<AxisRole>& roles,
+                                         const std::string& op) {
+  const std::vector<int> axes = split_axes(ctx.mesh);
+  std::vector<size_t> choice(axes.size(), 0);
+  NodeStrategies all, full;  // full: strategies using every axis of size > 1
+  do {
+    Strategy s;
+    if (!build(ctx, v, roles, axes, choice, op, s)) continue;
+    bool uses_all = true;
+    for (size_t c : choice) uses_all = uses_all && c > 0;
+    if (uses_all) full.list.push_back(s);
+    all.list.push_back(std::move(s));
+  } while (next_choice(choice, roles.size() + 1));
+  if (!ctx.options.allow_replicated_heavy_ops && !full.list.empty()) return full;
+  return all;
+}
+
+}  // namespace alpa::rules

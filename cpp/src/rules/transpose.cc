@@ -1,0 +1,48 @@
+// TRANSPOSE (attrs = permutation: result dim i = operand dim perm[i]): with merge_followers it
+// follows its operand (result spec = the leader's spec, permuted); otherwise it enumerates result
+// specs and asks for the matching operand spec.
+#include "rules.h"
+
+namespace alpa::rules {
+namespace {
+
+Strategy make(const RuleContext& ctx, int64_t v, Spec in, Spec out) {
+  Strategy s;
+  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
+  s.name = "transpose " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
+  s.out = std::move(out);
+  s.ins = {std::move(in)};
+  return s;
+}
+
+NodeStrategies transpose_rule(const RuleContext& ctx, int64_t v) {
+  const int64_t u = ctx.graph.operands(v)[0];
+  const auto perm = ctx.graph.node_attrs(v);
+  NodeStrategies ns;
+  if (ctx.options.merge_followers) {
+    ns.follow = u;
+    ns.list.reserve(ctx.done[u].list.size());
+    for (const Strategy& lead : ctx.done[u].list) {
+      Spec out = lead.out;
+      for (int32_t& d : out) {
+        if (d >= 0) d = static_cast<int32_t>(index_of(perm, d));
+      }
+      ns.list.push_back(make(ctx, v, lead.out, std::move(out)));
+    }
+    return ns;
+  }
+  for (Spec& out : out_specs(ctx, v)) {
+    Spec in = out;
+    for (int32_t& d : in) {
+      if (d >= 0) d = static_cast<int32_t>(perm[d]);
+    }
+    ns.list.push_back(make(ctx, v, std::move(in), std::move(out)));
+  }
+  return ns;
+}
+
+}  // namespace
+
+void register_transpose_rule() { set_builtin_rule(OpKind::kTranspose, transpose_rule); }
+
+}  // namespace alpa::rules

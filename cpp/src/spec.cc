@@ -1,0 +1,119 @@
+// Sharding specs: divisibility, enumeration, resharding cost and Alpa-style names.
+#include "alpa/spec.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace alpa {
+
+namespace {
+
+void check_spec(const Spec& spec, const Mesh& mesh, int rank, const char* what) {
+  if (static_cast<int>(spec.size()) != mesh.ndim()) {
+    throw std::invalid_argument(std::string(what) + " spec has " + std::to_string(spec.size()) +
+                                " entries but the mesh has " + std::to_string(mesh.ndim()) +
+                                " axes: give one tensor dim (or -1) per mesh axis");
+  }
+  for (size_t a = 0; a < spec.size(); ++a) {
+    if (spec[a] < -1 || spec[a] >= rank) {
+      throw std::invalid_argument(std::string(what) + " spec maps mesh axis " +
+                                  std::to_string(a) + " to dim " + std::to_string(spec[a]) +
+                                  " of a rank-" + std::to_string(rank) + " tensor");
+    }
+  }
+}
+
+double product(std::span<const int64_t> shape) {
+  double n = 1.0;
+  for (int64_t d : shape) n *= static_cast<double>(d);
+  return n;
+}
+
+}  // namespace
+
+Spec replicated_spec(const Mesh& mesh) { return Spec(mesh.shape.size(), -1); }
+
+int64_t shards_of_dim(const Spec& spec, int dim, const Mesh& mesh) {
+  int64_t n = 1;
+  for (size_t a = 0; a < spec.size(); ++a) {
+    if (spec[a] == dim) n *= mesh.shape[a];
+  }
+  return n;
+}
+
+int64_t num_shards(const Spec& spec, const Mesh& mesh) {
+  int64_t n = 1;
+  for (size_t a = 0; a < spec.size(); ++a) {
+    if (spec[a] >= 0) n *= mesh.shape[a];
+  }
+  return n;
+}
+
+bool spec_fits(const Spec& spec, std::span<const int64_t> shape, const Mesh& mesh) {
+  const int rank = static_cast<int>(shape.size());
+  if (static_cast<int>(spec.size()) != mesh.ndim()) return false;
+  for (int32_t d : spec) {
+    if (d < -1 || d >= rank) return false;
+  }
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] % shards_of_dim(spec, d, mesh) != 0) return false;
+  }
+  return true;
+}
+
+// Odometer over the axes of size > 1 (axis 0 most significant), each running -1, 0, .., rank-1;
+// so the replicated spec comes first and the order depends on the shape only.
+std::vector<Spec> enumerate_specs(std::span<const int64_t> shape, const Mesh& mesh) {
+  const int rank = static_cast<int>(shape.size());
+  std::vector<int> free_axes;
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (mesh.shape[a] > 1) free_axes.push_back(a);
+  }
+  std::vector<Spec> out;
+  Spec spec = replicated_spec(mesh);
+  while (true) {
+    if (spec_fits(spec, shape, mesh)) out.push_back(spec);
+    int i = static_cast<int>(free_axes.size()) - 1;
+    while (i >= 0 && spec[free_axes[i]] == rank - 1) spec[free_axes[i--]] = -1;
+    if (i < 0) break;
+    ++spec[free_axes[i]];
+  }
+  return out;
+}
+
+// Per mesh axis a with n > 1 devices, src dim ds = src[a], dst dim dd = dst[a]:
+//   ds == dd or ds == -1 (replicated -> anything): 0, a local slice;
+//   dd == -1 (split -> replicated): all_gather over a;
+//   ds != dd, both split: all_to_all over a.
+// Both collectives are charged with B = bytes of the tensor as held per device in the *dst*
+// layout (full bytes / num_shards(dst)): for the all-gather that is the gathered buffer, for the
+// all-to-all the buffer each device exchanges (split by n on a either way; the other axes as in
+// dst). The per-axis costs are summed.
+double reshard_cost(const Mesh& mesh, std::span<const int64_t> shape, double dtype_bytes,
+                    const Spec& src, const Spec& dst) {
+  const int rank = static_cast<int>(shape.size());
+  check_spec(src, mesh, rank, "source");
+  check_spec(dst, mesh, rank, "destination");
+  const double per_device =
+      product(shape) * dtype_bytes / static_cast<double>(num_shards(dst, mesh));
+  double cost = 0.0;
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (mesh.shape[a] <= 1 || src[a] == dst[a] || src[a] == -1) continue;
+    cost += dst[a] == -1 ? mesh.all_gather(per_device, a) : mesh.all_to_all(per_device, a);
+  }
+  return cost;
+}
+
+std::string spec_to_string(const Spec& spec, int rank) {
+  std::string s;
+  for (int d = 0; d < rank; ++d) {
+    std::string axes;
+    for (size_t a = 0; a < spec.size(); ++a) {
+      if (spec[a] == d) axes += std::to_string(a);
+    }
+    s += axes.empty() ? "R" : "S" + axes;
+  }
+  return s;
+}
+
+}  // namespace alpa

@@ -1,0 +1,126 @@
+// The registry of strategy rules (one per OpKind) and per-node FLOP counts.
+//
+// The built-in rules (src/rules/*.cc) are registered explicitly the first time the registry is
+// touched (no static-initialisation order games in a shared library). Every registered rule is
+// wrapped so that a node with at most `options.replicate_below_numel` elements gets one replicated
+// strategy; OUTPUT nodes are exempt (they always follow their operand).
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "alpa/strategy.h"
+#include "rules/rules.h"
+
+namespace alpa {
+namespace {
+
+struct Registry {
+  std::array<RuleFn, kNumOpKinds> rules;
+};
+
+RuleFn wrap_small_replicated(OpKind kind, RuleFn fn) {
+  if (kind == OpKind::kOutput) return fn;
+  return [fn = std::move(fn)](const RuleContext& ctx, int64_t v) -> NodeStrategies {
+    if (ctx.graph.numel(v) <= static_cast<double>(ctx.options.replicate_below_numel)) {
+      return rules::single_replicated(ctx, v,
+                                      std::string(op_kind_name(ctx.graph.op_kind(v))) + " small R");
+    }
+    return fn(ctx, v);
+  };
+}
+
+void register_builtin_rules() {
+  rules::register_parameter_output_rules();
+  rules::register_generator_opaque_rules();
+  rules::register_elementwise_rule();
+  rules::register_broadcast_rule();
+  rules::register_transpose_rule();
+  rules::register_reshape_rule();
+  rules::register_reduce_rule();
+  rules::register_dot_rule();
+  rules::register_convolution_rule();
+  rules::register_gather_rule();
+  rules::register_scatter_rule();
+}
+
+// Storage only; never destroyed (rules may be looked up during shutdown).
+Registry& storage() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+Registry& registry() {
+  static const bool builtins_done = [] {
+    register_builtin_rules();
+    return true;
+  }();
+  (void)builtins_done;
+  return storage();
+}
+
+int kind_index(OpKind kind) {
+  const int k = static_cast<int>(kind);
+  if (k < 0 || k >= kNumOpKinds) {
+    throw std::invalid_argument("unknown OpKind " + std::to_string(k));
+  }
+  return k;
+}
+
+double product(std::span<const int64_t> dims) {
+  double p = 1.0;
+  for (int64_t d : dims) p *= static_cast<double>(d);
+  return p;
+}
+
+}  // namespace
+
+const RuleFn& rule_for(OpKind kind) {
+  const RuleFn& fn = registry().rules[kind_index(kind)];
+  if (!fn) {
+    throw std::logic_error(std::string("no strategy rule registered for ") + op_kind_name(kind));
+  }
+  return fn;
+}
+
+void register_rule(OpKind kind, RuleFn fn) {
+  // registry() registers the built-ins first, so a later call here overrides a built-in rule.
+  registry().rules[kind_index(kind)] = wrap_small_replicated(kind, std::move(fn));
+}
+
+namespace rules {
+void set_builtin_rule(OpKind kind, RuleFn fn) {
+  storage().rules[kind_index(kind)] = wrap_small_replicated(kind, std::move(fn));
+}
+}  // namespace rules
+
+double node_flops(const Graph& g, int64_t v) {
+  const auto out = g.shape(v);
+  const auto attrs = g.node_attrs(v);
+  if (g.op_kind(v) == OpKind::kDot) {
+    const int64_t nb = attrs[0];
+    const int64_t nc = attrs[1 + 2 * nb];
+    const auto lhs = g.shape(g.operands(v)[0]);
+    double contract = 1.0;
+    for (int64_t i = 0; i < nc; ++i) {
+      const int64_t d = attrs[2 + 2 * nb + i];
+      contract *= static_cast<double>(rules::checked_dim(lhs, d, "dot contracting"));
+    }
+    return 2.0 * product(out) * contract;
+  }
+  if (g.op_kind(v) == OpKind::kConvolution) {
+    const int64_t ns = attrs[2];
+    const auto input = g.shape(g.operands(v)[0]);
+    const auto kernel = g.shape(g.operands(v)[1]);
+    double window = 1.0;
+    for (int64_t i = 0; i < ns; ++i) {
+      window *= static_cast<double>(rules::checked_dim(kernel, attrs[5 + ns + i], "conv kernel"));
+    }
+    const double in_features =
+        static_cast<double>(rules::checked_dim(input, attrs[1], "conv input feature"));
+    const double groups = static_cast<double>(attrs[7 + 3 * ns]);  // feature_group_count
+    return 2.0 * product(out) * window * in_features / groups;
+  }
+  return g.numel(v);
+}
+
+}  // namespace alpa

@@ -1,0 +1,205 @@
+"""alpa_pass._core: Mesh collectives, sharding specs, resharding cost and Graph validation."""
+import math
+
+import numpy as np
+import pytest
+
+from alpa_pass import _core
+
+ALPHA, BETA = [1.0, 2.0], [0.5, 0.1]
+
+
+@pytest.fixture
+def mesh():
+    return _core.Mesh(shape=[2, 4], alpha=ALPHA, beta=BETA)
+
+
+def test_mesh_properties(mesh):
+    assert mesh.shape == [2, 4] and mesh.alpha == ALPHA and mesh.beta == BETA
+    assert mesh.ndim == 2 and mesh.num_devices == 8
+
+
+def test_collective_formulas(mesh):
+    b = 1000.0
+    # axis 0: n = 2, alpha 1, beta 0.5
+    assert mesh.all_reduce(b, 0) == pytest.approx(1 + 0.5 * 2 * (1 / 2) * b)    # 501
+    assert mesh.all_gather(b, 0) == pytest.approx(1 + 0.5 * (1 / 2) * b)        # 251
+    assert mesh.reduce_scatter(b, 0) == pytest.approx(1 + 0.5 * (1 / 2) * b)
+    assert mesh.all_to_all(b, 0) == pytest.approx(1 + 0.5 * (1 / 4) * b * 1)   # 126
+    # axis 1: n = 4, alpha 2, beta 0.1
+    assert mesh.all_reduce(b, 1) == pytest.approx(2 + 0.1 * 2 * (3 / 4) * b)    # 152
+    assert mesh.all_gather(b, 1) == pytest.approx(2 + 0.1 * (3 / 4) * b)        # 77
+    assert mesh.reduce_scatter(b, 1) == pytest.approx(77.0)
+    assert mesh.all_to_all(b, 1) == pytest.approx(2 + 0.1 * (3 / 16) * b * 2)  # 39.5
+
+
+def test_axis_of_one_device_is_free():
+    m = _core.Mesh(shape=[1, 8], alpha=[5.0, 1.0], beta=[5.0, 1.0])
+    for fn in (m.all_reduce, m.all_gather, m.reduce_scatter, m.all_to_all):
+        assert fn(1e6, 0) == 0.0
+    assert m.all_gather(800.0, 1) == pytest.approx(1 + 700.0)
+
+
+@pytest.mark.parametrize("shape,alpha,beta,match", [
+    ([2, 4], [1.0], [1.0, 1.0], "one alpha and one beta per axis"),
+    ([2, 0], [1.0, 1.0], [1.0, 1.0], "axis 1 has size 0"),
+    ([2, 4], [-1.0, 1.0], [1.0, 1.0], r"alpha\[0\]"),
+    ([2, 4], [1.0, 1.0], [1.0, math.nan], r"beta\[1\]"),
+])
+def test_mesh_validation(shape, alpha, beta, match):
+    with pytest.raises(ValueError, match=match):
+        _core.Mesh(shape=shape, alpha=alpha, beta=beta)
+
+
+def test_collective_axis_out_of_range(mesh):
+    with pytest.raises(ValueError, match="axis 2 out of range"):
+        mesh.all_gather(10.0, 2)
+
+
+def test_enumerate_specs_by_hand(mesh):
+    # (8, 6) on (2, 4): axis 0 in {R, 0, 1} (8 % 2, 6 % 2); axis 1 in {R, 0} (8 % 4; 6 % 4 != 0);
+    # combined: dim 0 by both axes 8 % 8 ok; dim 1 by both 6 % 8 no. -> 3 * 2 = 6 specs.
+    specs = _core.enumerate_specs([8, 6], mesh)
+    assert specs == [[-1, -1], [-1, 0], [0, -1], [0, 0], [1, -1], [1, 0]]
+    assert _core.enumerate_specs([8, 6], mesh) == specs  # deterministic
+
+
+def test_enumerate_specs_divisibility():
+    cube = _core.Mesh(shape=[2, 2, 2], alpha=[1.0] * 3, beta=[1.0] * 3)
+    specs = _core.enumerate_specs([4, 4], cube)
+    # 3 choices per axis = 27, minus all three axes on one dim (8 does not divide 4): 25.
+    assert len(specs) == 25 and specs[0] == [-1, -1, -1]
+    for spec in specs:
+        for d, size in enumerate([4, 4]):
+            assert size % math.prod(2 for a in spec if a == d) == 0
+    assert len({tuple(s) for s in specs}) == 25
+
+
+def test_enumerate_specs_edge_cases(mesh):
+    assert _core.enumerate_specs([3, 5], mesh) == [[-1, -1]]
+    assert _core.enumerate_specs([], mesh) == [[-1, -1]]
+    assert _core.enumerate_specs([8], mesh) == [[-1, -1], [-1, 0], [0, -1], [0, 0]]
+    one = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+    assert _core.enumerate_specs([8, 8], one) == [[-1, -1], [-1, 0], [-1, 1]]
+
+
+def test_reshard_same_and_slice_are_free(mesh):
+    shape = [8, 8]
+    assert _core.reshard_cost(mesh, shape, 4, [0, 1], [0, 1]) == 0.0
+    assert _core.reshard_cost(mesh, shape, 4, [-1, -1], [0, 1]) == 0.0
+    assert _core.reshard_cost(mesh, shape, 4, [0, -1], [0, 1]) == 0.0
+
+
+def test_reshard_split_to_replicated_is_all_gather(mesh):
+    full = 8 * 8 * 4.0
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, -1], [-1, -1]) == pytest.approx(
+        mesh.all_gather(full, 0))
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, 1], [-1, -1]) == pytest.approx(
+        mesh.all_gather(full, 0) + mesh.all_gather(full, 1))
+    # S01R -> RS1 (dst keeps axis 1 on dim 0): gather over axis 0 of the bytes per device in dst.
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, 0], [-1, 0]) == pytest.approx(
+        mesh.all_gather(full / 4, 0))
+
+
+def test_reshard_split_to_other_split_is_all_to_all(mesh):
+    full = 8 * 8 * 4.0
+    # S0 on axis 1 -> S1 on axis 1: all-to-all over axis 1 of the per-device bytes (full / 4).
+    cost = _core.reshard_cost(mesh, [8, 8], 4, [-1, 0], [-1, 1])
+    assert cost == pytest.approx(mesh.all_to_all(full / 4, 1))
+    assert cost == pytest.approx(2 + 0.1 * (3 / 16) * 64 * 2)
+
+
+def test_reshard_rejects_bad_specs(mesh):
+    with pytest.raises(ValueError, match="source spec has 1 entries"):
+        _core.reshard_cost(mesh, [8, 8], 4, [0], [-1, -1])
+    with pytest.raises(ValueError, match="dim 2 of a rank-2"):
+        _core.reshard_cost(mesh, [8, 8], 4, [-1, -1], [2, -1])
+
+
+@pytest.mark.parametrize("spec,rank,text", [
+    ([1, -1], 2, "RS0"), ([0, 0], 2, "S01R"), ([-1, -1], 2, "RR"), ([1, 0], 3, "S1S0R"),
+    ([-1, -1], 0, ""), ([2, -1, 2], 3, "RRS02"),
+])
+def test_spec_to_string(spec, rank, text):
+    assert _core.spec_to_string(spec, rank) == text
+
+
+# --- Graph -----------------------------------------------------------------------------------
+
+def _graph(kinds, shapes, operands, attrs, dtype_bytes=4):
+    def csr(rows):
+        offs = np.zeros(len(rows) + 1, dtype=np.int64)
+        offs[1:] = np.cumsum([len(r) for r in rows])
+        return offs, np.array([x for r in rows for x in r], dtype=np.int64)
+
+    so, sd = csr(shapes)
+    oo, oi = csr(operands)
+    ao, aa = csr(attrs)
+    return dict(kind=np.array(kinds, dtype=np.int32),
+                dtype_bytes=np.full(len(kinds), dtype_bytes, dtype=np.int32),
+                shape_offsets=so, shape_dims=sd, operand_offsets=oo, operand_ids=oi,
+                attr_offsets=ao, attrs=aa)
+
+
+PARAM, OUTPUT, BROADCAST, TRANSPOSE, DOT = 0, 1, 4, 5, 8
+MATMUL = _graph([PARAM, PARAM, DOT, OUTPUT], [[8, 4], [4, 6], [8, 6], [8, 6]],
+                [[], [], [0, 1], [2]], [[0], [1], [0, 1, 1, 0], [0]])
+
+
+def test_graph_accepts_valid_and_counts_flops():
+    g = _core.Graph(**MATMUL)
+    assert g.num_nodes == 4
+    assert _core.node_flops(g, 2) == 2 * 8 * 6 * 4
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(operand_ids=np.array([0, 3, 2], dtype=np.int64)), "node 2 .*operand 3 is not an earlier"),
+    (dict(shape_offsets=np.array([0, 2, 4, 6], dtype=np.int64)), "shape_offsets must have"),
+    (dict(attr_offsets=np.array([0, 1, 2, 1, 7], dtype=np.int64)), "attr_offsets decreases"),
+    (dict(attrs=np.array([0, 1, 0, 1, 2, 0, 0], dtype=np.int64)),
+     "node 2 .*DOT.*lhs contracting dim 2"),
+    (dict(kind=np.array([0, 0, 8, 13], dtype=np.int32)), "unknown kind 13"),
+])
+def test_graph_validation_errors(change, match):
+    with pytest.raises(ValueError, match=match):
+        _core.Graph(**{**MATMUL, **change})
+
+
+def test_graph_attrs_length_per_kind():
+    bad_dot = _graph([PARAM, PARAM, DOT], [[8, 4], [4, 6], [8, 6]], [[], [], [0, 1]],
+                     [[0], [1], [0, 1, 1]])
+    with pytest.raises(ValueError, match="DOT.*attrs have 3 entries, expected 4"):
+        _core.Graph(**bad_dot)
+    bad_bcast = _graph([PARAM, BROADCAST], [[4], [8, 4]], [[], [0]], [[0], [0, 1]])
+    with pytest.raises(ValueError, match="BROADCAST.*attrs have 2 entries, expected 1"):
+        _core.Graph(**bad_bcast)
+    bad_perm = _graph([PARAM, TRANSPOSE], [[4, 8], [8, 4]], [[], [0]], [[0], [1, 2]])
+    with pytest.raises(ValueError, match="permutation dim 2 out of range"):
+        _core.Graph(**bad_perm)
+    no_index = _graph([PARAM], [[4]], [[]], [[]])
+    with pytest.raises(ValueError, match="PARAMETER.*attrs have 0 entries, expected 1"):
+        _core.Graph(**no_index)
+
+
+def test_sharding_problem_arrays_are_consistent(mesh):
+    g = _core.Graph(**MATMUL)
+    opts = _core.CoreOptions()
+    prob = _core.build_sharding_problem(g, mesh, opts, [])
+    off = prob.strategy_offsets
+    num_strategies = int(off[-1])
+    assert off.shape == (5,) and off[0] == 0 and np.all(np.diff(off) >= 1)
+    assert prob.out_specs.shape == (num_strategies, 2) and prob.out_specs.dtype == np.int32
+    assert prob.in_spec_offsets.shape == (num_strategies + 1,)
+    assert prob.in_specs.shape == (int(prob.in_spec_offsets[-1]), 2)
+    operands = [0, 0, 2, 1]
+    for v in range(4):
+        counts = np.diff(prob.in_spec_offsets[off[v]:off[v + 1] + 1])
+        assert np.all(counts == operands[v])
+        ns = _core.node_strategies(g, v, mesh, opts)
+        assert [s.name for s in ns.strategies] == prob.strategy_names[off[v]:off[v + 1]]
+        assert ns.follow == prob.follow[v]
+        assert [s.out for s in ns.strategies] == prob.out_specs[off[v]:off[v + 1]].tolist()
+    assert prob.compute_cost.shape == prob.comm_cost.shape == (num_strategies,)
+    assert prob.node_group.shape == (4,) and prob.ilp.num_groups == int(prob.node_group.max()) + 1
+    with pytest.raises(ValueError, match="node 4 out of range"):
+        _core.node_strategies(g, 4, mesh, opts)
