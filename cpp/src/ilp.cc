@@ -4,8 +4,10 @@
 // Column order: the s-columns of group 0, 1, ..; then the e-columns of each merged edge, row-major
 // (e[i][j] at e_start + i * |S_v| + j). Row order: one one-hot row per group; then per merged edge
 // its |S_u| rows (sum_j e[i][j] - s[u][i] = 0) and its |S_v| rows (sum_i e[i][j] - s[v][j] = 0);
-// then one row s[u][i] - s[v][match[i]] = 0 per equality entry. An entry with match -1 becomes the
-// bound s[u][i] <= 0 instead of a row; an entry with u == v and match[i] == i is dropped.
+// then, per equality (u != v), one row per strategy j of v: sum_{i: match[i] == j} s[u][i] - s[v][j]
+// = 0, i.e. exactly "u picks i => v picks match[i]" (match need not be injective). An entry with
+// match -1 becomes the bound s[u][i] <= 0; with u == v, entries with match[i] != i become such
+// bounds (the choice must be a fixed point) and no rows are made.
 // Parallel edges (same pair of groups, either direction) share one set of e-columns with summed
 // costs. Constant costs (one-strategy groups, edges between two of them) go into `offset`.
 #include "alpa/ilp.h"
@@ -156,9 +158,9 @@ struct CscWriter {
   }
 };
 
-// Equality entries that become rows (not bounds, not trivially true).
-bool equality_row(const IlpEquality& q, size_t i) {
-  return q.match[i] >= 0 && !(q.u == q.v && q.match[i] == static_cast<int64_t>(i));
+// Strategy i of an equality's u that is forbidden outright (a bound instead of a row entry).
+bool equality_forbids(const IlpEquality& q, size_t i) {
+  return q.match[i] < 0 || (q.u == q.v && q.match[i] != static_cast<int64_t>(i));
 }
 
 // Nonzeros per column, then a_start as their prefix sum; also sets num_rows.
@@ -176,12 +178,12 @@ void count_nonzeros(IlpProblem& p, const std::vector<int64_t>& size, const Merge
     std::fill(nnz.begin() + p.group_var_start[g], nnz.begin() + p.group_var_start[g + 1], per_group[g]);
   }
   for (const IlpEquality& q : p.equalities) {
+    if (q.u == q.v) continue;
     for (size_t i = 0; i < q.match.size(); ++i) {
-      if (!equality_row(q, i)) continue;
-      ++nnz[p.group_var_start[q.u] + i];
-      ++nnz[p.group_var_start[q.v] + q.match[i]];
-      ++rows;
+      if (!equality_forbids(q, i)) ++nnz[p.group_var_start[q.u] + i];
     }
+    for (int64_t j = 0; j < size[q.v]; ++j) ++nnz[p.group_var_start[q.v] + j];
+    rows += size[q.v];
   }
   if (rows > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument("ILP would have " + std::to_string(rows) +
@@ -219,12 +221,15 @@ void fill_matrix(IlpProblem& p, const std::vector<int64_t>& size, const MergedEd
   int64_t row = m.u.empty() ? p.num_groups() : m.row_start.back() + size[m.u.back()] + size[m.v.back()];
   for (const IlpEquality& q : p.equalities) {
     for (size_t i = 0; i < q.match.size(); ++i) {
-      if (q.match[i] < 0) p.col_upper[p.group_var_start[q.u] + i] = 0.0;
-      if (!equality_row(q, i)) continue;
-      w.put(p.group_var_start[q.u] + i, row, 1.0);
-      w.put(p.group_var_start[q.v] + q.match[i], row, -1.0);
-      ++row;
+      if (equality_forbids(q, i)) {
+        p.col_upper[p.group_var_start[q.u] + i] = 0.0;
+      } else if (q.u != q.v) {
+        w.put(p.group_var_start[q.u] + i, row + q.match[i], 1.0);
+      }
     }
+    if (q.u == q.v) continue;
+    for (int64_t j = 0; j < size[q.v]; ++j) w.put(p.group_var_start[q.v] + j, row + j, -1.0);
+    row += size[q.v];
   }
 }
 

@@ -5,8 +5,8 @@
 // An edge (u, v, R) between two groups with more than one strategy each gets continuous columns
 // e[i][j] in [0, 1] with sum_j e[i][j] = s[u][i] and sum_i e[i][j] = s[v][j] (exact for binary s)
 // and cost R[i][j]. Edges touching a one-strategy group, and edges with u == v (cost R[i][i]),
-// fold into linear costs. An equality (u, v, match) forces s[u][i] = s[v][match[i]] (match -1:
-// s[u][i] = 0).
+// fold into linear costs. An equality (u, v, match) means "u picks i => v picks match[i]" (match -1:
+// u never picks i); one row per strategy j of v: sum_{i: match[i] = j} s[u][i] = s[v][j].
 #pragma once
 #include <cstdint>
 #include <string>

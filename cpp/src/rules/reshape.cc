@@ -1,8 +1,12 @@
-// RESHAPE: any result spec. The two shapes are cut into groups of consecutive dims with equal
-// products; a split of the major-most non-unit result dim of a group keeps the same elements per
-// device as a split of the group's major-most non-unit operand dim, if that dim divides by the
-// shard count. Every other split needs the operand replicated on its axes (the resharding edge
-// then pays an all-gather).
+// RESHAPE. The two shapes are cut into groups of consecutive dims with equal products; a split of
+// the major-most non-unit result dim of a group keeps the same elements per device as a split of
+// the group's major-most non-unit operand dim, if both dims divide by the shard count.
+//
+// Without merge_followers: any result spec; a split that maps needs the operand split alike, any
+// other split needs the operand replicated on its axes (the resharding edge pays an all-gather).
+// With merge_followers: the node follows its operand; strategy k keeps the operand's k-th spec,
+// maps what maps, and all-gathers the rest inside the op (comm). As consumers slice further splits
+// for free, this loses nothing in the cost model and keeps reshapes out of the ILP.
 #include <stdexcept>
 
 #include "rules.h"
@@ -38,13 +42,53 @@ std::vector<int32_t> map_result_dims(std::span<const int64_t> in, std::span<cons
   return out_to_in;
 }
 
+Strategy make(const RuleContext& ctx, int64_t v, Spec in, Spec out, double comm) {
+  Strategy s;
+  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
+  s.comm = comm;
+  s.name = "reshape " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
+  s.out = std::move(out);
+  s.ins = {std::move(in)};
+  return s;
+}
+
+NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u,
+                              const std::vector<int32_t>& out_to_in) {
+  const Graph& g = ctx.graph;
+  const auto in_shape = g.shape(u), out_shape = g.shape(v);
+  std::vector<int32_t> in_to_out(in_shape.size(), -1);
+  for (size_t o = 0; o < out_to_in.size(); ++o) {
+    if (out_to_in[o] >= 0) in_to_out[out_to_in[o]] = static_cast<int32_t>(o);
+  }
+  NodeStrategies ns;
+  ns.follow = u;
+  ns.list.reserve(ctx.done[u].list.size());
+  for (const Strategy& lead : ctx.done[u].list) {
+    Spec kept = lead.out, out = replicated_spec(ctx.mesh);
+    for (size_t a = 0; a < kept.size(); ++a) {
+      if (kept[a] < 0) continue;
+      const int32_t o = in_to_out[kept[a]];
+      if (o >= 0 && out_shape[o] % shards_of_dim(lead.out, kept[a], ctx.mesh) == 0) {
+        out[a] = o;
+      } else {
+        kept[a] = -1;
+      }
+    }
+    const double gather = reshard_cost(ctx.mesh, in_shape, g.dtype_bytes[u], lead.out, kept);
+    ns.list.push_back(make(ctx, v, lead.out, std::move(out), gather));
+  }
+  return ns;
+}
+
 NodeStrategies reshape_rule(const RuleContext& ctx, int64_t v) {
   const Graph& g = ctx.graph;
   if (g.operands(v).size() != 1) {
     throw std::invalid_argument("reshape node " + std::to_string(v) + " needs exactly 1 operand");
   }
-  const auto in_shape = g.shape(g.operands(v)[0]);
+  const int64_t u = g.operands(v)[0];
+  const auto in_shape = g.shape(u);
   const std::vector<int32_t> out_to_in = map_result_dims(in_shape, g.shape(v));
+  if (ctx.options.merge_followers) return follow_operand(ctx, v, u, out_to_in);
   NodeStrategies ns;
   for (Spec& out : out_specs(ctx, v)) {
     Spec in = replicated_spec(ctx.mesh);
@@ -53,12 +97,7 @@ NodeStrategies reshape_rule(const RuleContext& ctx, int64_t v) {
       const int32_t d = out_to_in[out[a]];
       if (in_shape[d] % shards_of_dim(out, out[a], ctx.mesh) == 0) in[a] = d;
     }
-    Strategy s;
-    s.compute = compute_cost(ctx, g.numel(v), num_shards(out, ctx.mesh));
-    s.name = "reshape " + spec_to_string(out, static_cast<int>(g.rank(v)));
-    s.out = std::move(out);
-    s.ins = {std::move(in)};
-    ns.list.push_back(std::move(s));
+    ns.list.push_back(make(ctx, v, std::move(in), std::move(out), 0.0));
   }
   return ns;
 }
