@@ -132,6 +132,7 @@ void check_attrs(const Graph& g, int64_t v) {
     case OpKind::kGather: check_operand_count(g, v, 2); want_len(counted_length(OpKind::kGather, a)); break;
     case OpKind::kScatter: check_operand_count(g, v, 3); want_len(counted_length(OpKind::kScatter, a)); break;
     case OpKind::kElementwise: check_dims(g, v, a, g.rank(v), "unshardable"); break;
+    case OpKind::kReshape: check_operand_count(g, v, 1); break;
     case OpKind::kReduce:
       if (ops.empty()) fail(g, v, "reduce without operands");
       check_dims(g, v, a, g.rank(ops[0]), "reduced");

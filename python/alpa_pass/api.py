@@ -54,7 +54,7 @@ class ParallelizedFunction:
         """Plan and compile for these arguments (arrays or ``jax.ShapeDtypeStruct``s); run nothing."""
         dyn = self._dynamic(args)
         leaves, treedef = jax.tree.flatten(dyn)
-        key = (treedef, tuple(jax.typeof(x) for x in leaves), self._static_key(args))
+        key = (treedef, tuple(_leaf_key(x) for x in leaves), self._static_key(args))
         exe = self._cache.get(key)
         if exe is None:
             exe = self._build(args, dyn, treedef)
@@ -100,6 +100,12 @@ class ParallelizedFunction:
 
         bound.__qualname__ = getattr(fn, "__qualname__", "fn")
         return bound
+
+
+def _leaf_key(x):
+    """Shape, dtype and weak type of a leaf (not its sharding: any placement may be fed back)."""
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    return tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))
 
 
 def _as_tuple(x):

@@ -1,0 +1,439 @@
+"""Per-op strategy rules (cpp/src/rules/*.cc) through ``_core.node_strategies``.
+
+Meshes: MESH24 = (2, 4) named x, y; MESH14 = (1, 4) whose x axis has size 1 (never split).
+"""
+import numpy as np
+import pytest
+
+from alpa_pass import _core
+from alpa_pass.extract.graph import GraphBuilder, OpKind
+
+MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 0.5])
+MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+R = [-1, -1]
+F32 = 4
+
+
+def core_graph(b: GraphBuilder):
+    g = b.build()
+    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
+                       g.operand_ids, g.attr_offsets, g.attrs)
+
+
+def options(**kw):
+    opts = _core.CoreOptions()
+    opts.merge_followers = False
+    for k, v in kw.items():
+        setattr(opts, k, v)
+    return opts
+
+
+def strategies(b, v, mesh, **kw):
+    return _core.node_strategies(core_graph(b), v, mesh, options(**kw))
+
+
+def by_out(ns):
+    """{tuple(out spec): strategy} (asserts the out specs are distinct)."""
+    table = {tuple(s.out): s for s in ns.strategies}
+    assert len(table) == len(ns.strategies)
+    return table
+
+
+def param(b, shape, index=0):
+    return b.add(OpKind.PARAMETER, shape, F32, attrs=[index])
+
+
+# --- parameter, output, generator, opaque, small nodes -------------------------------------------
+
+def test_parameter_enumerates_every_spec_for_free():
+    b = GraphBuilder()
+    p = param(b, [8, 6])
+    ns = strategies(b, p, MESH24)
+    assert [s.out for s in ns.strategies] == _core.enumerate_specs([8, 6], MESH24)
+    assert all(s.compute == 0 and s.comm == 0 and s.ins == [] for s in ns.strategies)
+    assert ns.follow == -1
+    # 6 columns do not divide by 4
+    assert {tuple(s.out) for s in strategies(b, p, MESH14).strategies} == {(-1, -1), (-1, 0)}
+
+
+def test_output_follows_its_operand():
+    b = GraphBuilder()
+    p = param(b, [8, 8])
+    o = b.add(OpKind.OUTPUT, [8, 8], F32, [p], [0])
+    ns = strategies(b, o, MESH24)
+    assert ns.follow == p
+    assert [s.out for s in ns.strategies] == _core.enumerate_specs([8, 8], MESH24)
+    assert all(s.ins == [s.out] for s in ns.strategies)
+
+
+@pytest.mark.parametrize("kind", [OpKind.GENERATOR, OpKind.OPAQUE])
+def test_generator_and_opaque_are_replicated(kind):
+    b = GraphBuilder()
+    p = param(b, [8, 8])
+    operands = [p] if kind == OpKind.OPAQUE else []
+    v = b.add(kind, [8, 8], F32, operands)
+    (s,) = strategies(b, v, MESH24).strategies
+    assert s.out == R and s.ins == [R] * len(operands)
+
+
+def test_small_nodes_are_replicated():
+    b = GraphBuilder()
+    p = param(b, [4, 4])
+    e = b.add(OpKind.ELEMENTWISE, [4, 4], F32, [p, p])
+    assert len(strategies(b, e, MESH14).strategies) == 3
+    (s,) = strategies(b, e, MESH14, replicate_below_numel=16).strategies
+    assert s.out == R and s.ins == [R, R]
+    assert len(strategies(b, p, MESH14, replicate_below_numel=16).strategies) == 1
+
+
+# --- elementwise ---------------------------------------------------------------------------------
+
+def test_elementwise_follower_prefers_non_broadcast_non_parameter():
+    b = GraphBuilder()
+    x = param(b, [32, 256])
+    w = param(b, [256, 256], 1)
+    d = b.add(OpKind.DOT, [32, 256], F32, [x, w], [0, 1, 1, 0])
+    bias = param(b, [256], 2)
+    bb = b.add(OpKind.BROADCAST, [32, 256], F32, [bias], [1])
+    c = b.add(OpKind.GENERATOR, [32, 256], F32)
+    s = b.add(OpKind.GENERATOR, [], F32)
+    add = b.add(OpKind.ELEMENTWISE, [32, 256], F32, [bb, x, c, d, s])
+    add2 = b.add(OpKind.ELEMENTWISE, [32, 256], F32, [bb, x])
+    add3 = b.add(OpKind.ELEMENTWISE, [32, 256], F32, [c, bb])
+    for v, leader in [(add, d), (add2, x), (add3, bb)]:
+        ns = strategies(b, v, MESH24, merge_followers=True)
+        assert ns.follow == leader
+        lead = strategies(b, leader, MESH24, merge_followers=True).strategies
+        assert [t.out for t in ns.strategies] == [t.out for t in lead]
+    ns = strategies(b, add, MESH24, merge_followers=True)
+    for t in ns.strategies:
+        assert t.ins == [t.out] * 4 + [R]  # rank-0 operand replicated
+        shards = np.prod([MESH24.shape[a] for a in range(2) if t.out[a] >= 0])
+        assert t.compute == pytest.approx(32 * 256 / shards * 1e-9)
+
+
+def test_elementwise_with_unshardable_dims_enumerates_its_own_specs():
+    b = GraphBuilder()
+    x = param(b, [32, 512])
+    sl = b.add(OpKind.ELEMENTWISE, [32, 256], F32, [x], [1])  # slice of dim 1
+    ns = strategies(b, sl, MESH14, merge_followers=True)
+    assert ns.follow == -1
+    assert [(s.out, s.ins) for s in ns.strategies] == [(R, [R]), ([-1, 0], [[-1, 0]])]
+    assert {tuple(s.out) for s in strategies(b, sl, MESH24).strategies} == {
+        (-1, -1), (0, -1), (-1, 0), (0, 0)}
+
+
+def test_elementwise_shape_change_does_not_follow():
+    b = GraphBuilder()
+    x = param(b, [32, 256])
+    y = param(b, [32, 256], 1)
+    cat = b.add(OpKind.ELEMENTWISE, [64, 256], F32, [x, y], [0])  # concatenate
+    ns = strategies(b, cat, MESH14, merge_followers=True)
+    assert ns.follow == -1
+    assert {tuple(s.out) for s in ns.strategies} == {(-1, -1), (-1, 1)}
+
+
+# --- broadcast, transpose, reshape ---------------------------------------------------------------
+
+def test_broadcast_maps_split_dims_to_the_operand():
+    b = GraphBuilder()
+    bias = param(b, [256])
+    bb = b.add(OpKind.BROADCAST, [32, 256], F32, [bias], [1])
+    ns = strategies(b, bb, MESH24)
+    assert [s.out for s in ns.strategies] == _core.enumerate_specs([32, 256], MESH24)
+    t = by_out(ns)
+    assert t[(0, 1)].ins == [[-1, 0]]
+    assert t[(1, 0)].ins == [[0, -1]]
+    assert t[(1, 1)].ins == [[0, 0]]
+    b2 = GraphBuilder()
+    row = param(b2, [1, 256])
+    bb2 = b2.add(OpKind.BROADCAST, [32, 256], F32, [row], [0, 1])
+    t2 = by_out(strategies(b2, bb2, MESH24))
+    assert t2[(0, 1)].ins == [[-1, 1]]  # size-1 dim 0 stays replicated
+
+
+def test_broadcast_follows_its_operand_when_merging():
+    b = GraphBuilder()
+    bias = param(b, [256])
+    bb = b.add(OpKind.BROADCAST, [32, 256], F32, [bias], [1])
+    ns = strategies(b, bb, MESH24, merge_followers=True)
+    assert ns.follow == bias
+    assert [(s.ins[0], s.out) for s in ns.strategies] == [
+        (spec, [-1 if d < 0 else 1 for d in spec]) for spec in _core.enumerate_specs([256], MESH24)]
+    c = b.add(OpKind.GENERATOR, [], F32)
+    cb = b.add(OpKind.BROADCAST, [32, 256], F32, [c], [])
+    (s,) = strategies(b, cb, MESH24, merge_followers=True).strategies  # constant: replicated
+    assert s.out == R and s.ins == [R]
+
+
+def test_transpose_follows_with_permuted_spec_or_enumerates():
+    b = GraphBuilder()
+    x = param(b, [8, 16, 32])
+    tr = b.add(OpKind.TRANSPOSE, [32, 8, 16], F32, [x], [2, 0, 1])
+    ns = strategies(b, tr, MESH24, merge_followers=True)
+    assert ns.follow == x
+    lead = strategies(b, x, MESH24).strategies
+    for s, lt in zip(ns.strategies, lead, strict=True):
+        assert s.ins == [lt.out]
+        assert s.out == [[-1, 1, 2, 0][d + 1] for d in lt.out]  # operand dim d -> result dim
+    t = by_out(strategies(b, tr, MESH24))
+    assert t[(0, 2)].ins == [[2, 1]]
+    assert len(t) == len(_core.enumerate_specs([32, 8, 16], MESH24))
+
+
+def reshape_graph(in_shape, out_shape):
+    b = GraphBuilder()
+    x = param(b, in_shape)
+    return b, b.add(OpKind.RESHAPE, out_shape, F32, [x])
+
+
+def reshape_table(in_shape, out_shape, mesh):
+    b, r = reshape_graph(in_shape, out_shape)
+    return {k: s.ins[0] for k, s in by_out(strategies(b, r, mesh)).items()}
+
+
+def test_reshape_merge_dims():
+    t = reshape_table([4, 8, 16], [32, 16], MESH24)  # [B, S, H] -> [B*S, H]
+    assert t[(-1, 0)] == [-1, 0]   # 4 shards of B*S = 4 shards of B
+    assert t[(0, -1)] == [0, -1]
+    assert t[(0, 0)] == R          # 8 shards of B*S: B=4 does not divide, all-gather
+    assert t[(0, 1)] == [0, 2]     # H maps to H
+
+
+def test_reshape_split_dims():
+    t = reshape_table([8, 64], [8, 4, 16], MESH14)  # [B, H] -> [B, N, D]
+    assert t[(-1, 1)] == [-1, 1]   # N is the major dim of H's group
+    assert t[(-1, 2)] == R         # D is minor: cannot map
+    assert t[(-1, 0)] == [-1, 0]
+
+
+def test_reshape_that_cannot_map_needs_replicated_operand():
+    t = reshape_table([2, 12], [8, 3], MESH14)
+    assert t[(-1, 0)] == R  # 4 shards of 24 rows of 3 do not align with 2 rows of 12
+    t = reshape_table([1, 32], [32], MESH14)  # unit dims are skipped
+    assert t[(-1, 0)] == [-1, 1]
+
+
+def test_reshape_follows_its_operand_when_merging():
+    b, r = reshape_graph([8, 12], [96])
+    ns = strategies(b, r, MESH14, merge_followers=True)
+    assert ns.follow == 0
+    got = [(s.ins[0], s.out, s.comm) for s in ns.strategies]
+    gather = _core.reshard_cost(MESH14, [8, 12], F32, [-1, 1], R)
+    assert gather == pytest.approx(MESH14.all_gather(8 * 12 * F32, 1))
+    assert got == [(R, R, 0), ([-1, 0], [-1, 0], 0), ([-1, 1], R, pytest.approx(gather))]
+    b, r = reshape_graph([8, 4, 16], [8, 64])  # [B, N, D] -> [B, H]: N's split maps to H
+    t = {tuple(s.ins[0]): s for s in strategies(b, r, MESH14, merge_followers=True).strategies}
+    assert t[(-1, 1)].out == [-1, 1] and t[(-1, 1)].comm == 0
+    assert t[(-1, 2)].out == R and t[(-1, 2)].comm > 0
+
+
+# --- reduce --------------------------------------------------------------------------------------
+
+def test_reduce_follows_input_and_all_reduces_partial_sums():
+    b = GraphBuilder()
+    x = param(b, [32, 256])
+    init = b.add(OpKind.GENERATOR, [], F32)
+    red = b.add(OpKind.REDUCE, [32], F32, [x, init], [1])
+    ns = strategies(b, red, MESH14, merge_followers=True)
+    assert ns.follow == x
+    t = {tuple(s.ins[0]): s for s in ns.strategies}
+    assert t[(-1, 1)].out == R and t[(-1, 1)].ins[1] == R
+    assert t[(-1, 1)].comm == pytest.approx(MESH14.all_reduce(32 * F32, 1))
+    assert t[(-1, 0)].out == [-1, 0] and t[(-1, 0)].comm == 0
+    unmerged = strategies(b, red, MESH14)
+    assert unmerged.follow == -1 and len(unmerged.strategies) == 3
+
+
+def test_reduce_renumbers_remaining_dims():
+    b = GraphBuilder()
+    x = param(b, [8, 16, 32])
+    init = b.add(OpKind.GENERATOR, [], F32)
+    red = b.add(OpKind.REDUCE, [16, 32], F32, [x, init], [0])
+    t = {tuple(s.ins[0]): s for s in strategies(b, red, MESH24).strategies}
+    assert t[(1, 2)].out == [0, 1] and t[(1, 2)].comm == 0
+    assert t[(0, 2)].out == [-1, 1]
+    assert t[(0, 2)].comm == pytest.approx(MESH24.all_reduce(16 * 32 / 4 * F32, 0))
+
+
+# --- dot, convolution ----------------------------------------------------------------------------
+
+def matmul(m, k, n):
+    b = GraphBuilder()
+    x = param(b, [m, k])
+    w = param(b, [k, n], 1)
+    d = b.add(OpKind.DOT, [m, n], F32, [x, w], [0, 1, 1, 0])
+    return b, d
+
+
+def test_dot_on_1x4_has_row_column_and_contracting_splits():
+    b, d = matmul(32, 256, 256)
+    ns = strategies(b, d, MESH14)
+    names = {s.name: s for s in ns.strategies}
+    assert set(names) == {"dot lfree0@y", "dot rfree0@y", "dot c0@y"}
+    col = names["dot rfree0@y"]
+    assert col.out == [-1, 1] and col.ins == [R, [-1, 1]] and col.comm == 0
+    row = names["dot c0@y"]
+    assert row.out == R and row.ins == [[-1, 1], [-1, 0]]
+    assert row.comm == pytest.approx(MESH14.all_reduce(32 * 256 * F32, 1))
+    batch = names["dot lfree0@y"]
+    assert batch.out == [-1, 0] and batch.ins == [[-1, 0], R]
+    assert all(s.compute == pytest.approx(2 * 32 * 256 * 256 / 4 * 1e-9) for s in ns.strategies)
+    with_repl = strategies(b, d, MESH14, allow_replicated_heavy_ops=True).strategies
+    assert len(with_repl) == 4 and with_repl[0].out == R and with_repl[0].name == "dot R"
+
+
+def test_dot_on_2x4_uses_both_axes():
+    b = GraphBuilder()
+    x = param(b, [8, 32, 64])
+    w = param(b, [8, 64, 16], 1)
+    d = b.add(OpKind.DOT, [8, 32, 16], F32, [x, w], [1, 0, 0, 1, 2, 1])
+    ns = strategies(b, d, MESH24)
+    # each axis takes one of b0, lfree0, rfree0, c0 (all divide): 4 * 4 strategies.
+    assert len(ns.strategies) == 16
+    names = {s.name: s for s in ns.strategies}
+    s = names["dot b0@x lfree0@y"]
+    assert s.out == [0, 1] and s.ins == [[0, 1], [0, -1]]
+    s = names["dot c0@x c0@y"]
+    assert s.out == R and s.ins == [[2, 2], [1, 1]]
+    per_dev = 8 * 32 * 16 * F32
+    assert s.comm == pytest.approx(MESH24.all_reduce(per_dev, 0) + MESH24.all_reduce(per_dev, 1))
+
+
+def test_dot_divisibility_drops_strategies():
+    b, d = matmul(2, 8, 6)  # 2 rows, 8 contracting, 6 columns: only c0 divides by 4
+    (s,) = strategies(b, d, MESH14).strategies
+    assert s.name == "dot c0@y"
+    b, d = matmul(2, 6, 6)  # nothing divides by 4: fall back to replicated
+    (s,) = strategies(b, d, MESH14).strategies
+    assert s.name == "dot R" and s.out == R
+
+
+def conv_graph(kernel_shape, out_features, groups=1):
+    b = GraphBuilder()
+    x = param(b, [8, 32, 32, 16])  # NHWC
+    k = param(b, kernel_shape, 1)  # HWIO
+    attrs = [0, 3, 2, 1, 2, 2, 3, 0, 1, 0, 3, 1, 2, groups, 1]
+    c = b.add(OpKind.CONVOLUTION, [8, 32, 32, out_features], F32, [x, k], attrs)
+    return b, c
+
+
+def test_convolution_splits_batch_out_features_or_in_features():
+    b, c = conv_graph([3, 3, 16, 32], 32)
+    names = {s.name: s for s in strategies(b, c, MESH14).strategies}
+    assert set(names) == {"conv batch@y", "conv ofeat@y", "conv ifeat@y"}
+    assert names["conv batch@y"].ins == [[-1, 0], R] and names["conv batch@y"].out == [-1, 0]
+    assert names["conv ofeat@y"].ins == [R, [-1, 3]] and names["conv ofeat@y"].out == [-1, 3]
+    ifeat = names["conv ifeat@y"]
+    assert ifeat.ins == [[-1, 3], [-1, 2]] and ifeat.out == R
+    assert ifeat.comm == pytest.approx(MESH14.all_reduce(8 * 32 * 32 * 32 * F32, 1))
+    flops = 2 * 8 * 32 * 32 * 32 * 9 * 16
+    assert _core.node_flops(core_graph(b), c) == flops
+    assert ifeat.compute == pytest.approx(flops / 4 * 1e-9)
+
+
+def test_grouped_convolution_only_splits_batch():
+    b, c = conv_graph([3, 3, 1, 16], 16, groups=16)  # depthwise
+    (s,) = strategies(b, c, MESH14).strategies
+    assert s.name == "conv batch@y"
+    assert _core.node_flops(core_graph(b), c) == 2 * 8 * 32 * 32 * 16 * 9 * 16 / 16
+
+
+# --- gather, scatter -----------------------------------------------------------------------------
+
+def embedding_lookup(slice_h=32):
+    b = GraphBuilder()
+    table = param(b, [64, 32])
+    ids = b.add(OpKind.PARAMETER, [8, 16], 4, attrs=[1])
+    # index_vector_dim=2, offset_dims=[2], collapsed=[0], start_index_map=[0], no batching,
+    # slice_sizes=[1, slice_h]
+    attrs = [2, 1, 2, 1, 0, 1, 0, 0, 0, 2, 1, slice_h]
+    g = b.add(OpKind.GATHER, [8, 16, slice_h], F32, [table, ids], attrs)
+    return b, g
+
+
+def test_gather_embedding_lookup():
+    b, g = embedding_lookup()
+    t = by_out(strategies(b, g, MESH14))
+    assert set(t) == {(-1, -1), (-1, 0), (-1, 1), (-1, 2)}
+    assert t[(-1, 0)].ins == [R, [-1, 0]]    # split B through the ids
+    assert t[(-1, 1)].ins == [R, [-1, 1]]    # split S through the ids
+    assert t[(-1, 2)].ins == [[-1, 1], R]    # split H through the table
+    assert len(strategies(b, g, MESH24).strategies) == len(_core.enumerate_specs([8, 16, 32],
+                                                                                 MESH24))
+
+
+def test_gather_partial_slices_cannot_split_offset_dims():
+    b, g = embedding_lookup(slice_h=16)
+    assert set(by_out(strategies(b, g, MESH14))) == {(-1, -1), (-1, 0), (-1, 1)}
+
+
+def embedding_grad():
+    """Scatter-add of updates [B=8, S=16, H=32] into a table [V=64, H] at ids [B, S, 1]."""
+    b = GraphBuilder()
+    table = param(b, [64, 32])
+    ids = b.add(OpKind.PARAMETER, [8, 16, 1], 4, attrs=[1])
+    upd = param(b, [8, 16, 32], 2)
+    # index_vector_dim=2, update_window_dims=[2], inserted=[0], scatter_dims_to_operand=[0]
+    attrs = [2, 1, 2, 1, 0, 1, 0, 0, 0]
+    return b, b.add(OpKind.SCATTER, [64, 32], F32, [table, ids, upd], attrs)
+
+
+def test_scatter_embedding_gradient():
+    b, s = embedding_grad()
+    names = {t.name: t for t in strategies(b, s, MESH14).strategies}
+    assert set(names) == {"scatter R", "scatter win1@y", "scatter upd0@y", "scatter upd1@y"}
+    h = names["scatter win1@y"]
+    assert h.out == [-1, 1] and h.ins == [[-1, 1], [-1, -1], [-1, 2]] and h.comm == 0
+    bsplit = names["scatter upd0@y"]
+    assert bsplit.out == R and bsplit.ins == [R, [-1, 0], [-1, 0]]
+    assert bsplit.comm == pytest.approx(MESH14.all_reduce(64 * 32 * F32, 1))
+
+
+# --- node_flops ----------------------------------------------------------------------------------
+
+def test_node_flops():
+    b, d = matmul(32, 256, 128)
+    e = b.add(OpKind.ELEMENTWISE, [32, 128], F32, [d])
+    g = core_graph(b)
+    assert _core.node_flops(g, d) == 2 * 32 * 128 * 256
+    assert _core.node_flops(g, e) == 32 * 128
+
+
+# --- invariants over whole problems --------------------------------------------------------------
+
+def fits(spec, shape, mesh):
+    """spec_fits in Python: every split divides its dim; axes of size 1 never split."""
+    shards = [1] * len(shape)
+    for a, d in enumerate(spec):
+        if d >= 0:
+            assert mesh.shape[a] > 1 and d < len(shape)
+            shards[d] *= mesh.shape[a]
+    return all(n % s == 0 for n, s in zip(shape, shards))
+
+
+GRAPHS = {
+    "reshape": lambda: reshape_graph([4, 8, 16], [32, 16])[0],
+    "dot": lambda: matmul(32, 256, 256)[0],
+    "conv": lambda: conv_graph([3, 3, 16, 32], 32)[0],
+    "gather": lambda: embedding_lookup()[0],
+    "scatter": lambda: embedding_grad()[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("mesh", [MESH14, MESH24], ids=["1x4", "2x4"])
+@pytest.mark.parametrize("merge", [True, False])
+def test_every_spec_fits_its_tensor(name, mesh, merge):
+    b = GRAPHS[name]()
+    g = b.build()
+    opts = options(merge_followers=merge)
+    prob = _core.build_sharding_problem(core_graph(b), mesh, opts, [])
+    offs, in_offs = prob.strategy_offsets, prob.in_spec_offsets
+    for v in range(g.num_nodes):
+        for k in range(offs[v], offs[v + 1]):
+            assert fits(prob.out_specs[k], g.shape(v), mesh), (name, v, prob.strategy_names[k])
+            ins = prob.in_specs[in_offs[k]:in_offs[k + 1]]
+            assert len(ins) == len(g.operands(v))
+            for spec, u in zip(ins, g.operands(v)):
+                assert fits(spec, g.shape(u), mesh), (name, v, prob.strategy_names[k])
