@@ -281,6 +281,8 @@ void bind_ilp(nb::module_& m) {
 }  // namespace alpa
 
 NB_MODULE(_core, m) {
+  // Objects kept alive by module globals (e.g. in test modules) at interpreter exit are not leaks.
+  nb::set_leak_warnings(false);
   m.doc() = "alpa_pass C++ core: meshes, specs, strategies, the sharding ILP (docs/core_api.md).";
   alpa::bind_mesh_spec(m);
   alpa::bind_graph_strategy(m);

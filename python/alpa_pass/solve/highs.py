@@ -64,7 +64,11 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
     h.setOptionValue("random_seed", int(options.seed))
     _pass_model(h, problem, highspy)
     start = time.perf_counter()
-    h.run()
+    if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+        # HiGHS's thread pool is global: another Highs in this process started it with a different
+        # thread count, so the "threads" option is refused. Restart the pool and solve again.
+        h.resetGlobalScheduler(True)
+        h.run()
     elapsed = time.perf_counter() - start
     status = h.getModelStatus()
     status_text = h.modelStatusToString(status)
