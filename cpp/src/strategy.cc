@@ -3,7 +3,9 @@
 // The built-in rules (src/rules/*.cc) are registered explicitly the first time the registry is
 // touched (no static-initialisation order games in a shared library). Every registered rule is
 // wrapped so that a node with at most `options.replicate_below_numel` elements gets one replicated
-// strategy; OUTPUT nodes are exempt (they always follow their operand).
+// strategy; OUTPUT nodes are exempt (they always follow their operand), and so are reductions and
+// contractions (REDUCE, DOT, CONVOLUTION): their small result comes from large operands, which may
+// stay split (the partial results are all-reduced, as their rules price).
 #include <array>
 #include <stdexcept>
 #include <string>
@@ -19,7 +21,10 @@ struct Registry {
 };
 
 RuleFn wrap_small_replicated(OpKind kind, RuleFn fn) {
-  if (kind == OpKind::kOutput) return fn;
+  if (kind == OpKind::kOutput || kind == OpKind::kReduce || kind == OpKind::kDot ||
+      kind == OpKind::kConvolution) {
+    return fn;
+  }
   return [fn = std::move(fn)](const RuleContext& ctx, int64_t v) -> NodeStrategies {
     if (ctx.graph.numel(v) <= static_cast<double>(ctx.options.replicate_below_numel)) {
       return rules::single_replicated(ctx, v,

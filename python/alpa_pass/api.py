@@ -61,6 +61,18 @@ class ParallelizedFunction:
             self._cache[key] = exe
         return exe
 
+    def plan(self, *args):
+        """Plan only (trace, extract, build, solve) and return the Plan; nothing is compiled or cached.
+
+        With ``jax.ShapeDtypeStruct`` arguments this plans models far larger than host memory.
+        """
+        from alpa_pass.plan.planner import make_plan
+
+        method = self._shard_method()
+        plan, _, _ = make_plan(self._bind_static(args), self._dynamic(args), method.resolved_mesh(),
+                               method.option)
+        return plan
+
     @property
     def num_plans(self) -> int:
         """How many argument signatures have been planned (each plan is cached)."""
@@ -71,12 +83,15 @@ class ParallelizedFunction:
 
         fn = self._bind_static(args)
         donate = self._dynamic_positions(self.donate_argnums, len(args))
-        if not isinstance(self.method, ShardParallel):
-            raise NotImplementedError(f"{type(self.method).__name__} is not implemented yet; use ShardParallel")
-        method = self.method
+        method = self._shard_method()
         plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate)
         out_treedef = jax.tree.structure(compiled.output_shardings)
         return Executable(plan, compiled, treedef, out_treedef)
+
+    def _shard_method(self) -> ShardParallel:
+        if not isinstance(self.method, ShardParallel):
+            raise NotImplementedError(f"{type(self.method).__name__} is not implemented yet; use ShardParallel")
+        return self.method
 
     def _dynamic(self, args):
         return tuple(a for i, a in enumerate(args) if i not in self.static_argnums)

@@ -32,15 +32,14 @@ def core_graph(graph: OpGraph):
                        graph.operand_offsets, graph.operand_ids, graph.attr_offsets, graph.attrs)
 
 
-def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
-                     donate_argnums=()) -> tuple[Plan, object]:
-    """Plan ``fn(*args)`` on ``mesh`` and compile it. Returns (plan, jax ``Compiled``).
+def make_plan(fn, args, mesh: LogicalMesh, option: AutoShardingOption):
+    """Trace, extract, build and solve: the Plan for ``fn(*args)`` on ``mesh`` (nothing compiled).
 
-    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s (planning and compiling need no memory).
+    Returns (plan, graph, out_treedef).
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s (planning needs no memory).
     """
     from alpa_pass import _core
 
-    jmesh = mesh.jax_mesh()
     timings = {}
     t = time.perf_counter()
     lowered = lower(fn, args)
@@ -54,30 +53,49 @@ def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
                            f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
     timings["extract"] = time.perf_counter() - t
 
-    t = time.perf_counter()
     ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), ties)
-    timings["build"] = time.perf_counter() - t
+    return plan_graph(graph, mesh, option, ties, timings), graph, lowered.out_tree
 
+
+def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
+               ties=(), timings: dict | None = None) -> Plan:
+    """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
+
+    ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
+    """
+    from alpa_pass import _core
+
+    timings = {} if timings is None else timings
+    t = time.perf_counter()
+    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties))
+    timings["build"] = time.perf_counter() - t
     solution = solve_ilp(problem.ilp, SolveOptions(
         time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
         threads=option.solver_threads, log_to_console=option.solver_log))
     timings["solve"] = solution.solve_time_s
     plan = build_plan(graph, problem, solution, mesh, timings)
     check_divisible(graph, plan, mesh)
+    return plan
 
+
+def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
+                     donate_argnums=()) -> tuple[Plan, object]:
+    """Plan ``fn(*args)`` on ``mesh`` and compile it. Returns (plan, jax ``Compiled``)."""
+    jmesh = mesh.jax_mesh()
+    plan, graph, out_tree = make_plan(fn, args, mesh, option)
+    timings = plan.timings
     t = time.perf_counter()
     in_sh = _shardings_like(args, plan.input_specs, jmesh)
-    out_sh = jax.tree.unflatten(lowered.out_tree, [NamedSharding(jmesh, s) for s in plan.output_specs])
-    lowered2 = lower(fn, args, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate_argnums)
-    node_axes = _constraint_targets(graph, plan, mesh, option)
-    report = insert_constraints(_compat.lowered_module(lowered2), graph, node_axes)
-    plan.emit_report = report
+    out_sh = [NamedSharding(jmesh, s) for s in plan.output_specs]
+    lowered = lower(fn, args, donate_argnums=donate_argnums, in_shardings=in_sh,
+                    out_shardings=jax.tree.unflatten(out_tree, out_sh))
+    node_axes = constraint_targets(graph, plan, mesh, option)
+    plan.emit_report = insert_constraints(_compat.lowered_module(lowered), graph, node_axes)
     timings["emit"] = time.perf_counter() - t
 
     t = time.perf_counter()
     try:
-        compiled = lowered2.compile()
+        compiled = lowered.compile()
     except Exception as e:  # XLA raises its own (XlaRuntimeError, ValueError) types
         raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {mesh.shape}: {e}") from e
     timings["compile"] = time.perf_counter() - t
@@ -94,7 +112,8 @@ def _shardings_like(args, specs, jmesh):
     return tuple(jax.tree.unflatten(treedef, [NamedSharding(jmesh, s) for s in specs]))
 
 
-def _constraint_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh, option: AutoShardingOption):
+def constraint_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh, option: AutoShardingOption):
+    """Node id -> per-dim mesh axis names, for every node emission should constrain."""
     skip = (OpKind.PARAMETER, OpKind.OUTPUT, OpKind.GENERATOR)
     out = {}
     for v in range(graph.num_nodes):

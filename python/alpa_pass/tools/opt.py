@@ -3,6 +3,8 @@
   alpa-pass-opt FILE.mlir --extract              one line per graph node (see format_graph)
   alpa-pass-opt FILE.mlir --annotate SPECS.json  the module with sharding constraints inserted;
                                                  SPECS.json is {"node_id": [["x"], []], ...}
+  alpa-pass-opt FILE.mlir --auto-shard 2x4 [--alpha 1,1] [--beta 1,0.1]
+                                                 plan with the ILP and print the annotated module
 
 Passes live in :data:`PASSES` (flag name -> :class:`Pass`); each is one ``--flag [VALUE]`` on the
 command line and exactly one runs per invocation.
@@ -78,10 +80,47 @@ def _annotate(module: ir.Module, value: Optional[str], opts: argparse.Namespace)
     return f"// inserted {report.inserted} constraints, skipped: {{{skipped}}}\n{module}"
 
 
+def _mesh_floats(text: Optional[str], n: int, what: str):
+    if text is None:
+        return None
+    vals = [float(x) for x in text.split(",")]
+    if len(vals) != n:
+        raise AlpaPassError(f"--{what} has {len(vals)} values for a {n}-axis mesh")
+    return tuple(vals)
+
+
+def _auto_shard(module: ir.Module, value: Optional[str], opts: argparse.Namespace) -> str:
+    from alpa_pass.emit.entry_shardings import ensure_mesh, set_entry_shardings, set_num_partitions
+    from alpa_pass.mesh import LogicalMesh
+    from alpa_pass.options import AutoShardingOption
+    from alpa_pass.plan.planner import constraint_targets, plan_graph
+
+    try:
+        shape = tuple(int(x) for x in value.lower().split("x"))
+    except ValueError:
+        raise AlpaPassError(f"--auto-shard takes a mesh shape like 2x4, got {value!r}") from None
+    mesh = LogicalMesh(shape=shape, alpha=_mesh_floats(opts.alpha, len(shape), "alpha"),
+                       beta=_mesh_floats(opts.beta, len(shape), "beta"))
+    graph = extract_graph(module, opts.entry)
+    option = AutoShardingOption()
+    plan = plan_graph(graph, mesh, option)
+    ensure_mesh(module, opts.mesh_name, dict(zip(mesh.axis_names, mesh.shape)))
+    set_num_partitions(module, mesh.num_devices)
+    dims = [mesh.dim_axes(plan.node_specs[v], len(graph.shape(v))) for v in range(graph.num_nodes)]
+    set_entry_shardings(module, opts.entry, [dims[v] for v in graph.param_nodes()],
+                        [dims[v] for v in graph.output_nodes()], opts.mesh_name)
+    report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option), opts.mesh_name)
+    head = (f"// auto-shard: mesh {'x'.join(map(str, mesh.shape))}, objective {plan.objective:.6g}, "
+            f"{report.inserted} constraints")
+    return f"{head}\n{module}"
+
+
 PASSES: dict[str, Pass] = {
     "extract": Pass("print the extracted op graph, one line per node", None, _extract),
     "annotate": Pass("insert sdy.sharding_constraint ops from a JSON {node_id: dims} file",
                      "SPECS.json", _annotate),
+    "auto-shard": Pass("plan shardings with the ILP on a mesh like 2x4 and annotate the module",
+                       "MESH", _auto_shard),
 }
 
 
@@ -90,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="input .mlir file ('-' for stdin)")
     p.add_argument("--entry", default="main", help="entry function (default: main)")
     p.add_argument("--mesh-name", default="mesh", help="sdy.mesh symbol to shard over")
+    p.add_argument("--alpha", help="--auto-shard: per-axis latency, e.g. 1,1")
+    p.add_argument("--beta", help="--auto-shard: per-axis cost per byte, e.g. 1,0.1")
     group = p.add_mutually_exclusive_group(required=True)
     for name, ps in PASSES.items():
         if ps.metavar is None:
