@@ -44,3 +44,89 @@ def make_ir_context():
     from jax._src.interpreters import mlir as jax_mlir
 
     return jax_mlir.make_ir_context()
+
+
+# --- jax.jit interception (the JAX_PLUGINS=alpa_pass front door) --------------------------------
+# ``jax._src.pjit._pjit_lower`` calls ``pxla.lower_sharding_computation`` through the module
+# attribute at every lowering of a ``jax.jit`` computation (same signature on jax 0.10.2 and 0.12),
+# so replacing that attribute sees every jit's closed jaxpr and in/out shardings before lowering.
+
+_ORIGINAL_LOWERING = None
+
+
+def install_lowering_hook(callback) -> None:
+    """Route every ``pxla.lower_sharding_computation`` call to ``callback(original, *args, **kwargs)``.
+
+    ``callback`` returns the ``MeshComputation`` (usually by calling ``original``). Installing twice
+    replaces the callback; :func:`uninstall_lowering_hook` restores jax's function.
+    """
+    global _ORIGINAL_LOWERING
+    from jax._src.interpreters import pxla
+
+    if _ORIGINAL_LOWERING is None:
+        _ORIGINAL_LOWERING = pxla.lower_sharding_computation
+    original = _ORIGINAL_LOWERING
+
+    def hooked(*args, **kwargs):
+        return callback(original, *args, **kwargs)
+
+    pxla.lower_sharding_computation = hooked
+
+
+def uninstall_lowering_hook() -> None:
+    """Restore jax's own ``lower_sharding_computation`` (no-op when no hook is installed)."""
+    global _ORIGINAL_LOWERING
+    from jax._src.interpreters import pxla
+
+    if _ORIGINAL_LOWERING is not None:
+        pxla.lower_sharding_computation = _ORIGINAL_LOWERING
+        _ORIGINAL_LOWERING = None
+
+
+def is_unspecified(sharding) -> bool:
+    """True for jax's "no sharding given" marker (an uncommitted argument, no in/out_shardings)."""
+    from jax._src import sharding_impls
+
+    return isinstance(sharding, sharding_impls.UnspecifiedValue)
+
+
+def unspecified():
+    """jax's "no sharding given" marker, to pass as an in/out sharding."""
+    from jax._src import sharding_impls
+
+    return sharding_impls.UNSPECIFIED
+
+
+def computation_module(computation):
+    """The StableHLO ``ir.Module`` a ``MeshComputation`` will compile (edit it in place)."""
+    module = getattr(computation, "_hlo", None)
+    if module is None:
+        raise RuntimeError(f"alpa_pass cannot reach the module of a MeshComputation on jax {jax.__version__}")
+    return module
+
+
+def kept_var_idx(computation) -> list[int]:
+    """Positions of the jaxpr inputs that survived dead-argument elimination (module arguments)."""
+    return sorted(computation.compile_args["kept_var_idx"])
+
+
+def const_args(computation) -> list:
+    """Constants the lowering hoisted into leading module arguments (empty unless hoisting is on)."""
+    return list(getattr(computation, "const_args", ()))
+
+
+def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
+    """Names of every primitive in ``closed_jaxpr``, sub-jaxprs (pjit, scan, cond, ...) included.
+
+    ``device_put`` counts only when it names a device or sharding (not a plain copy)."""
+    from jax._src import core
+
+    names, stack = set(), [closed_jaxpr.jaxpr]
+    while stack:
+        jaxpr = stack.pop()
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name != "device_put" or any(
+                    d is not None for d in eqn.params.get("devices", ())):
+                names.add(eqn.primitive.name)
+        stack.extend(core.subjaxprs(jaxpr))
+    return names

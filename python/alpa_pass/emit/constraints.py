@@ -144,9 +144,28 @@ def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
     return targets
 
 
+def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) -> list:
+    """[(consumer op, operand index, dims)] for use-site requests, one per MLIR use."""
+    wanted = collections.defaultdict(set)
+    for (v, t), dims in uses.items():
+        loc = graph.locators[v]
+        if loc.op_index < 0:
+            report.skip(SKIP_PARAM_OUTPUT)
+            continue
+        wanted[(loc.func, loc.op_index, t)].add(dims)
+    out = []
+    for (fname, index, t), all_dims in sorted(wanted.items()):
+        op = blocks[fname][index]
+        if len(all_dims) != 1 or t >= len(op.operands):
+            report.skip(SKIP_CALL_PATHS)
+            continue
+        out.append((op, t, next(iter(all_dims))))
+    return out
+
+
 def insert_constraints(module: ir.Module, graph: OpGraph,
                        node_dim_shardings: dict[int, list[tuple[str, ...]]],
-                       mesh_name: str = "mesh") -> EmitReport:
+                       mesh_name: str = "mesh", operand_dim_shardings: dict | None = None) -> EmitReport:
     """Insert one ``sdy.sharding_constraint`` per requested value of ``graph`` into ``module``.
 
     Args:
@@ -155,6 +174,9 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
       node_dim_shardings: node id -> per-tensor-dim tuple of mesh axis names (``()`` = dim
         replicated).  GENERATOR, PARAMETER and OUTPUT nodes are skipped; a callee value reached
         through several call paths is constrained only if all its nodes ask for the same spec.
+      operand_dim_shardings: (node id, operand index) -> dims: a constraint on that one use of the
+        operand, placed right before the consuming op (the layout the plan reshards the operand
+        to for that consumer). Only for nodes whose graph operands are the op's MLIR operands.
     Returns:
       An :class:`EmitReport` with counts.
     Raises:
@@ -165,16 +187,29 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
     specs = {int(v): tuple(tuple(d) for d in dims) for v, dims in node_dim_shardings.items()}
     for v, dims in specs.items():
         _check_spec(graph, v, dims, axes)
+    uses = {(int(v), int(t)): tuple(tuple(d) for d in dims)
+            for (v, t), dims in (operand_dim_shardings or {}).items()}
+    for (v, t), dims in uses.items():
+        _check_spec(graph, graph.operands(v)[t], dims, axes)
     report = EmitReport()
     targets = _resolve(module, graph, _value_groups(graph, specs, report))
+    use_targets = _resolve_uses(_matched_ops(module, graph), graph, uses, report)
     attrs: dict = {}
+
+    def attr(dims):
+        if dims not in attrs:
+            attrs[dims] = ir.Attribute.parse(sharding_text(dims, mesh_name))
+        return attrs[dims]
+
     with module.context, ir.Location.unknown():
         for op, k, next_op, dims in targets:
-            if dims not in attrs:
-                attrs[dims] = ir.Attribute.parse(sharding_text(dims, mesh_name))
             value = op.results[k]
-            c = sdy.ShardingConstraintOp(value, attrs[dims], ip=ir.InsertionPoint(next_op))
+            c = sdy.ShardingConstraintOp(value, attr(dims), ip=ir.InsertionPoint(next_op))
             value.replace_all_uses_except(c.result, c.operation)
+            report.inserted += 1
+        for op, t, dims in use_targets:  # after value constraints: wrap what the op now reads
+            c = sdy.ShardingConstraintOp(op.operands[t], attr(dims), ip=ir.InsertionPoint(op))
+            op.operands[t] = c.result
             report.inserted += 1
     try:
         module.operation.verify()

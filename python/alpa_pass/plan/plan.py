@@ -38,6 +38,7 @@ class Plan:
       predicted: {"compute", "communication", "resharding"} parts of the objective.
       input_specs / output_specs: one ``PartitionSpec`` per argument / output leaf.
       node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
+      operand_specs: per node, the core spec each operand must have for the chosen strategy.
       choices: a NodeChoice per graph node.
       ilp_size: {"columns", "rows", "nonzeros", "groups", "edge_columns", "nodes"}.
       solve_time_s, solver_status, mip_gap: how the solve went.
@@ -52,6 +53,7 @@ class Plan:
     input_specs: list
     output_specs: list
     node_specs: list
+    operand_specs: list
     choices: list
     ilp_size: dict
     solve_time_s: float
@@ -110,6 +112,9 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     compute = np.asarray(problem.compute_cost)[rows]
     comm = np.asarray(problem.comm_cost)[rows]
     names = problem.strategy_names
+    in_offsets, in_specs = np.asarray(problem.in_spec_offsets), np.asarray(problem.in_specs)
+    operand_specs = [[[int(a) for a in row] for row in in_specs[in_offsets[r]:in_offsets[r + 1]]]
+                     for r in rows]
     node_specs, choices = [], []
     for v in range(graph.num_nodes):
         spec = [int(a) for a in out_specs[rows[v]]]
@@ -128,6 +133,6 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     return Plan(mesh=mesh, objective=float(solution.objective), predicted=predicted,
                 input_specs=[choices[v].spec for v in graph.param_nodes()],
                 output_specs=[choices[v].spec for v in graph.output_nodes()],
-                node_specs=node_specs, choices=choices, ilp_size=ilp_size,
+                node_specs=node_specs, operand_specs=operand_specs, choices=choices, ilp_size=ilp_size,
                 solve_time_s=solution.solve_time_s, solver_status=solution.status,
                 mip_gap=solution.mip_gap, timings=timings, fallbacks=dict(graph.fallbacks))

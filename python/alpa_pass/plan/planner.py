@@ -22,6 +22,7 @@ from alpa_pass.trace.lower import fn_name, lower, output_ties
 log = logging.getLogger("alpa_pass")
 
 _ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
+_USE_SITE_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.GATHER, OpKind.SCATTER)
 
 
 def core_graph(graph: OpGraph):
@@ -89,8 +90,9 @@ def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
     out_sh = [NamedSharding(jmesh, s) for s in plan.output_specs]
     lowered = lower(fn, args, donate_argnums=donate_argnums, in_shardings=in_sh,
                     out_shardings=jax.tree.unflatten(out_tree, out_sh))
-    node_axes = constraint_targets(graph, plan, mesh, option)
-    plan.emit_report = insert_constraints(_compat.lowered_module(lowered), graph, node_axes)
+    plan.emit_report = insert_constraints(
+        _compat.lowered_module(lowered), graph, constraint_targets(graph, plan, mesh, option),
+        operand_dim_shardings=operand_targets(graph, plan, mesh))
     timings["emit"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -121,6 +123,22 @@ def constraint_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh, option: Au
         if kind in skip or (option.emit == "anchors" and kind not in _ANCHOR_KINDS):
             continue
         out[v] = mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)))
+    return out
+
+
+def operand_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> dict:
+    """(node, operand index) -> dims, where an anchor op (dot, convolution, gather, scatter) reads
+    an operand in another layout than its producer's: pin the layout the plan reshards it to, so
+    XLA does exactly the planned resharding (and never partitions, e.g., a gather whose indices and
+    operand disagree on batching dims — XLA 0.10 computes that wrongly on CPU)."""
+    out = {}
+    for v in range(graph.num_nodes):
+        if OpKind(int(graph.kind[v])) not in _USE_SITE_KINDS:
+            continue
+        for t, u in enumerate(graph.operands(v)):
+            want = plan.operand_specs[v][t]
+            if want != plan.node_specs[u] and OpKind(int(graph.kind[u])) != OpKind.GENERATOR:
+                out[(v, t)] = mesh.dim_axes(want, len(graph.shape(u)))
     return out
 
 

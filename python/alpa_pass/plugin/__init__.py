@@ -1,0 +1,86 @@
+"""``JAX_PLUGINS=alpa_pass``: auto-parallelize plain ``jax.jit`` code, unchanged.
+
+JAX imports this module (entry point group ``jax_plugins``) in every program on a machine where
+alpa_pass is installed, and calls :func:`initialize` at its first backend initialisation. So this
+module imports nothing heavy, and :func:`initialize` does nothing unless the comma-separated
+``JAX_PLUGINS`` names ``alpa_pass``. It never touches devices (``jax.devices()`` would recurse into
+backend initialisation). Configuration: the ``ALPA_PASS_*`` variables (see ``plugin/config.py``
+and docs/plugin.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+from alpa_pass.plugin.config import PluginConfigError, load_config, plugin_enabled
+
+log = logging.getLogger("alpa_pass")
+_HOOK = None
+
+
+def initialize() -> None:
+    """Install the planning hook when ``JAX_PLUGINS`` names alpa_pass (JAX calls this once).
+
+    On an unsupported jax version: one warning, nothing installed (the program runs as plain JAX).
+    A bad ``ALPA_PASS_*`` value is not raised here (JAX would log it and carry on unparallelized):
+    the hook raises it at the program's first computation.
+    """
+    global _HOOK
+    if not plugin_enabled(os.environ) or _HOOK is not None:
+        return
+    from alpa_pass import _compat
+
+    if not _compat.is_supported_jax():
+        low, high = (".".join(map(str, v)) for v in _compat.SUPPORTED)
+        warnings.warn(f"alpa_pass: JAX_PLUGINS names alpa_pass but jax {_compat.jax.__version__} is not "
+                      f"supported (need >={low},<{high}); running as plain JAX", RuntimeWarning,
+                      stacklevel=2)
+        return
+    from alpa_pass.plugin.config import PluginConfig
+    from alpa_pass.plugin.hook import LoweringHook
+
+    try:
+        config, error = load_config(os.environ), None
+    except PluginConfigError as e:
+        config, error = PluginConfig(), e
+    _configure_logging(config.log_level)
+    _HOOK = LoweringHook(config, error)
+    _compat.install_lowering_hook(_HOOK)
+    log.info("alpa_pass: planning jax.jit computations (method %s, mesh %s)", config.method,
+             "x".join(map(str, config.mesh_shape)) if config.mesh_shape else "1 x all devices")
+
+
+def shutdown() -> None:
+    """Remove the hook (plans already made stay with their computations)."""
+    global _HOOK
+    if _HOOK is not None:
+        from alpa_pass import _compat
+
+        _compat.uninstall_lowering_hook()
+        _HOOK = None
+
+
+def stats() -> dict:
+    """What the plugin did so far: {"enabled", "planned", "reused", "passed", "failed"}."""
+    if _HOOK is None:
+        return {"enabled": False, "planned": 0, "reused": 0, "passed": 0, "failed": 0}
+    return {"enabled": True, **vars(_HOOK.stats)}
+
+
+def plans() -> list:
+    """(computation name, Plan) for every computation planned so far, in order."""
+    if _HOOK is None:
+        return []
+    return [(e.name, e.plan) for e in _HOOK._cache.values() if e.plan is not None]
+
+
+def _configure_logging(level: int | None) -> None:
+    if level is None:
+        return
+    log.setLevel(level)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        log.addHandler(handler)

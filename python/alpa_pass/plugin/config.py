@@ -1,0 +1,120 @@
+"""The plugin's configuration: every ``ALPA_PASS_*`` variable is read and validated here, once.
+
+Pure string parsing (no jax, no devices), so it runs inside ``initialize()`` and in unit tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Mapping
+
+from alpa_pass.errors import AlpaPassError
+
+PLUGIN_NAME = "alpa_pass"
+METHODS = ("shard", "data", "zero2", "zero3")
+IMPLEMENTED_METHODS = ("shard",)
+DEFAULT_MIN_BYTES = 1 << 20
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1,
+          "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15,
+          "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
+          "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50}
+
+
+class PluginConfigError(AlpaPassError, ValueError):
+    """An ``ALPA_PASS_*`` environment variable has a bad or not-yet-supported value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginConfig:
+    """What ``JAX_PLUGINS=alpa_pass`` does, from the environment.
+
+    Attributes:
+      method: "shard" (ShardParallel; the only one implemented so far).
+      mesh_shape: logical mesh shape, e.g. ``(2, 4)``; ``None`` = all devices as ``1 x N``.
+      memory_budget_bytes: per-device budget (parsed; planning with it is not supported yet).
+      report_dir: directory that receives each plan's summary and JSON, or ``None``.
+      log_level: level of the ``alpa_pass`` logger (a ``logging`` int), or ``None`` = untouched.
+      min_bytes: computations whose arguments + results total fewer bytes run untouched.
+    """
+
+    method: str = "shard"
+    mesh_shape: tuple[int, ...] | None = None
+    memory_budget_bytes: int | None = None
+    report_dir: str | None = None
+    log_level: int | None = None
+    min_bytes: int = DEFAULT_MIN_BYTES
+
+
+def plugin_enabled(environ: Mapping[str, str]) -> bool:
+    """True when the comma-separated ``JAX_PLUGINS`` names ``alpa_pass``."""
+    names = (n.strip() for n in environ.get("JAX_PLUGINS", "").split(","))
+    return PLUGIN_NAME in names
+
+
+def load_config(environ: Mapping[str, str]) -> PluginConfig:
+    """Parse every ``ALPA_PASS_*`` variable; PluginConfigError names the variable and the fix."""
+    method = _get(environ, "ALPA_PASS_METHOD") or "shard"
+    method = method.lower()
+    if method not in METHODS:
+        raise PluginConfigError(f"ALPA_PASS_METHOD={method!r} is not one of {', '.join(METHODS)}")
+    if method not in IMPLEMENTED_METHODS:
+        raise PluginConfigError(f"ALPA_PASS_METHOD={method!r} is not implemented yet; use 'shard' "
+                                f"(or unset ALPA_PASS_METHOD)")
+    budget = _get(environ, "ALPA_PASS_MEMORY_BUDGET")
+    budget_bytes = parse_bytes(budget, "ALPA_PASS_MEMORY_BUDGET") if budget else None
+    if budget_bytes is not None:
+        raise PluginConfigError(f"ALPA_PASS_MEMORY_BUDGET={budget!r} ({budget_bytes} bytes) is valid, "
+                                f"but planning under a memory budget is not supported yet; unset it")
+    min_bytes = _get(environ, "ALPA_PASS_MIN_BYTES")
+    return PluginConfig(
+        method=method,
+        mesh_shape=parse_mesh(_get(environ, "ALPA_PASS_MESH")),
+        memory_budget_bytes=budget_bytes,
+        report_dir=_get(environ, "ALPA_PASS_REPORT") or None,
+        log_level=parse_log_level(_get(environ, "ALPA_PASS_LOG")),
+        min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES)
+
+
+def parse_mesh(text: str | None) -> tuple[int, ...] | None:
+    """``"2x4"`` -> ``(2, 4)``; ``"8"`` -> ``(8,)``; empty -> ``None``; ``"auto"`` is not supported yet."""
+    if not text:
+        return None
+    if text.lower() == "auto":
+        raise PluginConfigError("ALPA_PASS_MESH='auto' (searching mesh shapes) is not implemented yet; "
+                                "give a shape such as '2x4' or unset ALPA_PASS_MESH (1 x all devices)")
+    parts = text.lower().replace("*", "x").split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise PluginConfigError(f"ALPA_PASS_MESH={text!r} is not a mesh shape; write positive device "
+                                f"counts per axis joined by 'x', e.g. '8', '2x4' or '2x2x2'")
+    return tuple(int(p) for p in parts)
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """``"16GiB"``, ``"512MB"``, ``"1.5G"``, ``"1048576"`` -> bytes (binary Ki/Mi/Gi, decimal K/M/G)."""
+    m = _BYTES.match(text)
+    unit = (m.group(2) or "").lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise PluginConfigError(f"{name}={text!r} is not a size; write a number with an optional unit, "
+                                f"e.g. '16GiB', '512MB', '1.5G' or '1048576' (bytes)")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value != int(value):
+        raise PluginConfigError(f"{name}={text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def parse_log_level(text: str | None) -> int | None:
+    """``"info"`` (any case) -> ``logging.INFO``; empty -> ``None``."""
+    if not text:
+        return None
+    if text.lower() not in _LOG_LEVELS:
+        raise PluginConfigError(f"ALPA_PASS_LOG={text!r} is not a log level; use one of "
+                                f"{', '.join(_LOG_LEVELS)}")
+    return getattr(logging, text.upper())
+
+
+def _get(environ: Mapping[str, str], name: str) -> str:
+    return environ.get(name, "").strip()
