@@ -185,6 +185,7 @@ void bind_graph_strategy(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("allow_replicated_heavy_ops", &CoreOptions::allow_replicated_heavy_ops)
       .def_rw("compute_cost_per_flop", &CoreOptions::compute_cost_per_flop)
+      .def_rw("memory_cost_per_byte", &CoreOptions::memory_cost_per_byte)
       .def_rw("merge_followers", &CoreOptions::merge_followers)
       .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel);
   nb::class_<Graph>(m, "Graph", "Flat op graph (CSR arrays, see extract/graph.py); validated.")
@@ -197,6 +198,7 @@ void bind_graph_strategy(nb::module_& m) {
       .def_ro("ins", &Strategy::ins)
       .def_ro("compute", &Strategy::compute)
       .def_ro("comm", &Strategy::comm)
+      .def_ro("memory", &Strategy::memory)
       .def_ro("name", &Strategy::name)
       .def("__repr__", [](const Strategy& s) { return "Strategy('" + s.name + "')"; });
   nb::class_<NodeStrategies>(m, "NodeStrategies")
@@ -223,6 +225,7 @@ void bind_problem(nb::module_& m) {
       }, kOwned)
       .def_prop_ro("compute_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::compute); }, kOwned)
       .def_prop_ro("comm_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::comm); }, kOwned)
+      .def_prop_ro("memory", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::memory); }, kOwned)
       .def_prop_ro("strategy_names", [](const ShardingProblem& p) {
         std::vector<std::string> names;
         for (const auto& ns : p.nodes) {

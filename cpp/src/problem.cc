@@ -168,6 +168,8 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     const RuleContext ctx{graph, mesh, options, p.nodes};
     p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
     check_rule_output(graph, mesh, p.nodes, v);
+    const double bytes = graph.bytes(v);
+    for (Strategy& st : p.nodes[v].list) st.memory = bytes / static_cast<double>(num_shards(st.out, mesh));
     const int64_t leader = p.nodes[v].follow;
     if (leader >= 0) {
       p.node_group[v] = p.node_group[leader];

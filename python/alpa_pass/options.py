@@ -15,6 +15,8 @@ class AutoShardingOption:
         it: replicated heavy compute wastes the devices; off by default).
       compute_cost_per_flop: weight of per-device FLOPs in the objective, in the units of the mesh's
         alpha/beta (a tie-breaker by default).
+      memory_cost_per_byte: weight of each argument's per-device bytes in the objective (a
+        tie-breaker towards split arguments, e.g. the batch of a data-parallel step).
       merge_followers: merge elementwise/transpose/reduce ops into the op they follow (smaller ILP).
       replicate_below_numel: tensors with at most this many elements are computed replicated.
       solver_time_limit_s: HiGHS time limit; the best plan found by then is used (the gap is reported).
@@ -30,6 +32,7 @@ class AutoShardingOption:
 
     allow_replicated_heavy_ops: bool = False
     compute_cost_per_flop: float = 1e-9
+    memory_cost_per_byte: float = 1e-9
     merge_followers: bool = True
     replicate_below_numel: int = 1
     solver_time_limit_s: float = 60.0
@@ -46,8 +49,8 @@ class AutoShardingOption:
             raise ValueError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
         if not 0 <= self.solver_rel_gap < 1:
             raise ValueError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
-        if self.compute_cost_per_flop < 0:
-            raise ValueError("AutoShardingOption.compute_cost_per_flop must be >= 0")
+        if self.compute_cost_per_flop < 0 or self.memory_cost_per_byte < 0:
+            raise ValueError("AutoShardingOption.compute_cost_per_flop and memory_cost_per_byte must be >= 0")
         if self.replicate_below_numel < 0:
             raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
         if self.solver_threads < 1:
@@ -59,6 +62,7 @@ class AutoShardingOption:
         opts = _core.CoreOptions()
         opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
         opts.compute_cost_per_flop = self.compute_cost_per_flop
+        opts.memory_cost_per_byte = self.memory_cost_per_byte
         opts.merge_followers = self.merge_followers
         opts.replicate_below_numel = self.replicate_below_numel
         return opts

@@ -22,6 +22,7 @@ def core_graph(b: GraphBuilder):
 def options(merge=True):
     opts = _core.CoreOptions()
     opts.merge_followers = merge
+    opts.memory_cost_per_byte = 0.0
     return opts
 
 

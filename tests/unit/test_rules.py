@@ -23,6 +23,7 @@ def core_graph(b: GraphBuilder):
 def options(**kw):
     opts = _core.CoreOptions()
     opts.merge_followers = False
+    opts.memory_cost_per_byte = 0.0
     for k, v in kw.items():
         setattr(opts, k, v)
     return opts
@@ -45,12 +46,15 @@ def param(b, shape, index=0):
 
 # --- parameter, output, generator, opaque, small nodes -------------------------------------------
 
-def test_parameter_enumerates_every_spec_for_free():
+def test_parameter_enumerates_every_spec_priced_by_held_bytes():
     b = GraphBuilder()
     p = param(b, [8, 6])
-    ns = strategies(b, p, MESH24)
+    ns = strategies(b, p, MESH24, memory_cost_per_byte=0.5)
     assert [s.out for s in ns.strategies] == _core.enumerate_specs([8, 6], MESH24)
-    assert all(s.compute == 0 and s.comm == 0 and s.ins == [] for s in ns.strategies)
+    assert all(s.comm == 0 and s.ins == [] for s in ns.strategies)
+    # holding cost = per-device bytes * memory_cost_per_byte: 8*6*4 bytes / shards * 0.5
+    shards = [(2 if s.out[0] >= 0 else 1) * (4 if s.out[1] >= 0 else 1) for s in ns.strategies]
+    assert [s.compute for s in ns.strategies] == pytest.approx([96.0 / n for n in shards])
     assert ns.follow == -1
     # 6 columns do not divide by 4
     assert {tuple(s.out) for s in strategies(b, p, MESH14).strategies} == {(-1, -1), (-1, 0)}

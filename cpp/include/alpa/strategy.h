@@ -20,6 +20,9 @@ struct CoreOptions {
   bool merge_followers = true;
   // Nodes whose output has at most this many elements are computed replicated (one strategy).
   int64_t replicate_below_numel = 1;
+  // Cost per per-device byte of holding an argument (PARAMETER): a tie-breaker that prefers
+  // split arguments when splitting is otherwise free (e.g. the batch of a data-parallel step).
+  double memory_cost_per_byte = 1e-9;
 };
 
 struct Strategy {
@@ -27,6 +30,7 @@ struct Strategy {
   std::vector<Spec> ins;    // required spec of each operand (same order as graph operands)
   double compute = 0.0;     // compute cost (already weighted by compute_cost_per_flop)
   double comm = 0.0;        // communication inside the op (e.g. all-reduce of partial sums)
+  double memory = 0.0;      // per-device bytes of the result in layout `out` (set by the assembly)
   std::string name;         // e.g. "dot b0->x rfree->y"
 };
 

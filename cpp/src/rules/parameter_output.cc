@@ -1,4 +1,5 @@
-// PARAMETER: every spec of its shape, free. OUTPUT: follows its operand 1:1.
+// PARAMETER: every spec of its shape; holding it costs memory_cost_per_byte per per-device byte
+// (a tie-breaker towards split arguments). OUTPUT: follows its operand 1:1.
 #include "rules.h"
 
 namespace alpa::rules {
@@ -10,6 +11,7 @@ NodeStrategies parameter_rule(const RuleContext& ctx, int64_t v) {
   for (Spec& spec : out_specs(ctx, v)) {
     Strategy s;
     s.name = "param " + spec_to_string(spec, rank);
+    s.compute = bytes_per_device(ctx, v, spec) * ctx.options.memory_cost_per_byte;
     s.out = std::move(spec);
     ns.list.push_back(std::move(s));
   }

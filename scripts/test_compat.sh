@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run the core test subset on the newest supported jax (>=0.11 needs Python >= 3.12), in its own
+# venv (.venv-jax-new). Skips, saying so, when no python3.12+ interpreter is found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=""
+for cand in python3.13 python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+    PY="$cand"; break
+  fi
+done
+if [ -z "$PY" ]; then
+  echo "test_compat: no Python >= 3.12 found; jax >= 0.11 not tested here"
+  exit 0
+fi
+if [ ! -x .venv-jax-new/bin/python ]; then
+  "$PY" -m venv .venv-jax-new
+fi
+. .venv-jax-new/bin/activate
+python -m pip install -q --upgrade pip >/dev/null
+python -m pip install -q -e '.[test]' 'jax>=0.11,<0.13' 'jaxlib>=0.11,<0.13'
+python -c 'import jax; print("test_compat: jax", jax.__version__)'
+python -m pytest -q -p no:cacheprovider tests/unit tests/property tests/integration/test_numerics.py "$@"

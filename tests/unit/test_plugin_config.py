@@ -1,0 +1,83 @@
+"""ALPA_PASS_* parsing and validation (pure strings: no jax, no devices)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from alpa_pass.errors import AlpaPassError
+from alpa_pass.plugin.config import (DEFAULT_MIN_BYTES, PluginConfig, PluginConfigError, load_config,
+                                     parse_bytes, parse_mesh, plugin_enabled)
+
+
+@pytest.mark.parametrize("value,enabled", [("alpa_pass", True), ("cuda, alpa_pass", True),
+                                           ("alpa_pass,rocm", True), ("", False), ("cuda", False),
+                                           ("alpa_pass_x", False)])
+def test_plugin_enabled(value, enabled):
+    assert plugin_enabled({"JAX_PLUGINS": value}) is enabled
+    assert plugin_enabled({}) is False
+
+
+def test_defaults():
+    assert load_config({}) == PluginConfig(method="shard", mesh_shape=None, memory_budget_bytes=None,
+                                           report_dir=None, log_level=None, min_bytes=DEFAULT_MIN_BYTES)
+
+
+def test_full_config():
+    cfg = load_config({"ALPA_PASS_METHOD": "Shard", "ALPA_PASS_MESH": "2x4", "ALPA_PASS_REPORT": "/tmp/r",
+                       "ALPA_PASS_LOG": "INFO", "ALPA_PASS_MIN_BYTES": "64KiB"})
+    assert cfg == PluginConfig(method="shard", mesh_shape=(2, 4), report_dir="/tmp/r",
+                               log_level=logging.INFO, min_bytes=65536)
+
+
+@pytest.mark.parametrize("text,shape", [("8", (8,)), ("2x4", (2, 4)), ("2X2x2", (2, 2, 2)), ("1*8", (1, 8)),
+                                        ("", None)])
+def test_parse_mesh(text, shape):
+    assert parse_mesh(text) == shape
+
+
+@pytest.mark.parametrize("text", ["2x", "x4", "0x8", "2x-4", "two", "2.5x2", "2x4x"])
+def test_bad_mesh(text):
+    with pytest.raises(PluginConfigError, match="ALPA_PASS_MESH=.* is not a mesh shape"):
+        parse_mesh(text)
+
+
+def test_auto_mesh_not_implemented():
+    with pytest.raises(PluginConfigError, match="'auto'.*not implemented yet"):
+        load_config({"ALPA_PASS_MESH": "auto"})
+
+
+@pytest.mark.parametrize("text,n", [("16GiB", 16 * 2**30), ("512MB", 512 * 10**6), ("1.5G", 1_500_000_000),
+                                    ("1048576", 2**20), ("4 kib", 4096), ("2Ti", 2 * 2**40), ("7b", 7)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text, "X") == n
+
+
+@pytest.mark.parametrize("text", ["16 GiBs", "GiB", "-1", "1.5", "12QB", "1e9", "ib"])
+def test_bad_bytes(text):
+    with pytest.raises(PluginConfigError, match="X="):
+        parse_bytes(text, "X")
+
+
+def test_memory_budget_validated_then_not_supported():
+    with pytest.raises(PluginConfigError, match=r"'16GiB' \(17179869184 bytes\) is valid, but .* not supported yet"):
+        load_config({"ALPA_PASS_MEMORY_BUDGET": "16GiB"})
+    with pytest.raises(PluginConfigError, match="ALPA_PASS_MEMORY_BUDGET='lots' is not a size"):
+        load_config({"ALPA_PASS_MEMORY_BUDGET": "lots"})
+
+
+@pytest.mark.parametrize("method", ["data", "zero2", "zero3"])
+def test_methods_not_implemented_yet(method):
+    with pytest.raises(PluginConfigError, match=f"ALPA_PASS_METHOD='{method}' is not implemented yet"):
+        load_config({"ALPA_PASS_METHOD": method})
+
+
+def test_unknown_method_and_log_level():
+    with pytest.raises(PluginConfigError, match="not one of shard, data, zero2, zero3"):
+        load_config({"ALPA_PASS_METHOD": "pipeline"})
+    with pytest.raises(PluginConfigError, match="ALPA_PASS_LOG='loud' is not a log level"):
+        load_config({"ALPA_PASS_LOG": "loud"})
+
+
+def test_config_error_is_an_alpa_pass_error():
+    assert issubclass(PluginConfigError, AlpaPassError) and issubclass(PluginConfigError, ValueError)
