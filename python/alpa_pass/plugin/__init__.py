@@ -71,9 +71,12 @@ def stats() -> dict:
 
 def plans() -> list:
     """(computation name, Plan) for every computation planned so far, in order."""
-    if _HOOK is None:
-        return []
-    return [(e.name, e.plan) for e in _HOOK._cache.values() if e.plan is not None]
+    return [(e.name, e.plan) for e in entries() if e.plan is not None]
+
+
+def entries() -> list:
+    """The hook's cache entries (name, plan, in_shardings over the jaxpr inputs, computation)."""
+    return [] if _HOOK is None else _HOOK.entries()
 
 
 def _configure_logging(level: int | None) -> None:

@@ -16,6 +16,7 @@ whose executable is already compiled; nothing is re-planned or re-compiled.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -23,25 +24,24 @@ import time
 from alpa_pass import _compat
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
 
-from jax._src.sharding_impls import UNSPECIFIED as _UNSPEC
 log = logging.getLogger("alpa_pass")
 
 HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 # Primitives through which the user states shardings or devices inside the computation.
+CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                             "custom_vjp_call"})
 SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put", "xla_pmap"})
 
 
 @dataclasses.dataclass
 class Entry:
     """One planned computation: its plan, the full in_shardings tuple and the lowered computation
-    (``computation`` None: planning failed, lower it untouched). ``jaxpr`` keeps the constants,
-    whose ids are part of the cache key, alive."""
+    (``computation`` None: planning failed, lower it untouched)."""
 
     name: str
     plan: object
     in_shardings: tuple
     computation: object
-    jaxpr: object
 
 
 @dataclasses.dataclass
@@ -76,24 +76,30 @@ class LoweringHook:
             raise self.config_error
         args = (closed_jaxpr, api_name, fun_name, in_shardings, out_shardings, in_layouts,
                 out_layouts, donated_invars)
-        if getattr(self._local, "busy", False):
-            return original(*args, **kwargs)
-        reason = self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs)
+        reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else \
+            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs)
         if reason is None:
-            key = _cache_key(args, kwargs)
-            if key in self._cache:
-                return self._reuse(self._cache[key], original, args, kwargs)
-            if all(_compat.is_unspecified(s) for s in in_shardings):
-                return self._plan_new(key, original, args, kwargs)
-            import os
-            if os.environ.get("DBG"):
-                unspec = tuple(s if _compat.is_unspecified(s) else _UNSPEC for s in in_shardings)
-                p2 = original(closed_jaxpr, api_name, fun_name, unspec, out_shardings, *args[5:], **kwargs)
-                open("/tmp/exp/second.mlir","w").write(str(_compat.computation_module(p2)))
-            reason = "arguments committed to shardings"
+            unspecified = tuple(_compat.unspecified() for _ in in_shardings)
+            probe = original(*args[:3], unspecified, *args[4:], **kwargs)
+            key = _cache_key(probe, args, kwargs)
+            entry = self._cache.get(key)
+            if entry is not None:
+                reason = self._reuse_reason(entry, in_shardings)
+                if reason is None:
+                    self.stats.reused += 1
+                    log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
+                    return entry.computation
+            elif all(_compat.is_unspecified(s) for s in in_shardings):
+                return self._plan_new(key, probe, original, args, kwargs)
+            else:
+                reason = "arguments committed to shardings"
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
         return original(*args, **kwargs)
+
+    def entries(self) -> list[Entry]:
+        """Every computation planned (or whose planning failed) so far, in order."""
+        return list(self._cache.values())
 
     def skip_reason(self, closed_jaxpr, api_name, out_shardings, kwargs) -> str | None:
         """Why this computation is lowered untouched, or None when it is (or may be) planned."""
@@ -107,7 +113,8 @@ class LoweringHook:
             return "user out_shardings"
         if closed_jaxpr.effects:
             return "side effects"
-        if len(closed_jaxpr.jaxpr.eqns) < 2:
+        eqns = closed_jaxpr.jaxpr.eqns
+        if len(eqns) < 2 and not (eqns and eqns[0].primitive.name in CALL_PRIMITIVES):
             return "a single operation (eager op)"
         size = sum(_aval_bytes(a) for a in (*closed_jaxpr.in_avals, *closed_jaxpr.out_avals))
         if size < self.config.min_bytes:
@@ -119,27 +126,26 @@ class LoweringHook:
             return "no dot or convolution (an initialiser or elementwise helper)"
         return None
 
-    def _reuse(self, entry: Entry, original, args, kwargs):
-        in_shardings = args[3]
-        if entry.computation is None or not all(_compat.is_unspecified(s) or s == p
-                                    for s, p in zip(in_shardings, entry.in_shardings)):
-            self.stats.passed += 1
-            return original(*args, **kwargs)
-        self.stats.reused += 1
-        log.debug("alpa_pass: %s reuses its plan and executable", entry.name)
-        return entry.computation
+    @staticmethod
+    def _reuse_reason(entry: Entry, in_shardings) -> str | None:
+        """None when ``entry``'s computation can run these arguments, else why not."""
+        if entry.computation is None:
+            return "planning it failed before"
+        if not all(_compat.is_unspecified(s) or s == p for s, p in zip(in_shardings, entry.in_shardings)):
+            return "arguments committed to shardings other than its plan's"
+        return None
 
-    def _plan_new(self, key, original, args, kwargs):
+    def _plan_new(self, key, probe, original, args, kwargs):
         from alpa_pass.errors import AlpaPassError, MeshError
 
         self._local.busy = True
         try:
-            entry = self._plan(original, args, kwargs)
+            entry = self._plan(probe, original, args, kwargs)
         except (PluginConfigError, MeshError):
             raise
         except AlpaPassError as e:
             log.warning("alpa_pass could not plan %s; it runs as plain jax.jit: %s", args[2], e)
-            self._cache[key] = Entry(args[2], None, (), None, args[0])
+            self._cache[key] = Entry(args[2], None, (), None)
             self.stats.failed += 1
             return original(*args, **kwargs)
         finally:
@@ -148,8 +154,8 @@ class LoweringHook:
         self.stats.planned += 1
         return entry.computation
 
-    def _plan(self, original, args, kwargs) -> Entry:
-        """Probe-lower, plan, lower with the plan's shardings and insert its constraints."""
+    def _plan(self, probe, original, args, kwargs) -> Entry:
+        """Plan the probe's module, lower with the plan's shardings and insert its constraints."""
         from alpa_pass.emit.constraints import insert_constraints
         from alpa_pass.extract.stablehlo import extract_graph
         from alpa_pass.options import AutoShardingOption
@@ -158,14 +164,12 @@ class LoweringHook:
         closed_jaxpr, _, name = args[:3]
         mesh, option, timings = self.logical_mesh(), AutoShardingOption(), {}
         t = time.perf_counter()
-        probe = original(*args, **kwargs)
-        open("/tmp/exp/first.mlir","w").write(str(_compat.computation_module(probe)))
         if _compat.const_args(probe):
             from alpa_pass.errors import ExtractError
             raise ExtractError("the lowering hoisted constants into arguments; not supported yet")
         kept = _compat.kept_var_idx(probe)
         graph = extract_graph(_compat.computation_module(probe))
-        timings["trace"] = time.perf_counter() - t
+        timings["extract"] = time.perf_counter() - t
         ties = _node_ties(graph, [closed_jaxpr.in_avals[i] for i in kept], closed_jaxpr.out_avals)
         plan = plan_graph(graph, mesh, option, ties, timings)
         t = time.perf_counter()
@@ -180,7 +184,7 @@ class LoweringHook:
         if self.config.report_dir:
             from alpa_pass.plugin.report import write_report
             write_report(self.config.report_dir, self.stats.planned, name, plan)
-        return Entry(name=name, plan=plan, in_shardings=in_sh, computation=computation, jaxpr=closed_jaxpr)
+        return Entry(name=name, plan=plan, in_shardings=in_sh, computation=computation)
 
     def logical_mesh(self):
         """The LogicalMesh over all devices (``ALPA_PASS_MESH`` or ``1 x N``), built once."""
@@ -226,15 +230,14 @@ def _node_ties(graph, in_avals, out_avals) -> list[tuple[int, int]]:
     return [(outputs[o], params[i]) for o, i in output_ties(sds(in_avals), sds(out_avals))]
 
 
-def _cache_key(args, kwargs):
-    """The computation's structure: jaxpr text (avals without shardings), constants, avals,
-    donation, layouts and lowering options. Equal keys lower to the same module."""
-    closed_jaxpr, api_name, fun_name, _, _, in_layouts, out_layouts, donated = args
-    avals = tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False)))
-                  for a in closed_jaxpr.in_avals if hasattr(a, "shape"))
-    return (api_name, fun_name, str(closed_jaxpr.jaxpr), tuple(id(c) for c in closed_jaxpr.consts),
-            avals, tuple(donated), tuple(in_layouts), tuple(out_layouts), kwargs["keep_unused"],
-            kwargs["compiler_options_kvs"])
+def _cache_key(probe, args, kwargs):
+    """The computation's identity: a digest of the module jax lowers without shardings (the same
+    for the first call and for calls that feed committed outputs back in, whose retraced jaxprs
+    differ), plus donation, layouts and lowering options."""
+    _, api_name, fun_name, _, _, in_layouts, out_layouts, donated = args
+    text = str(_compat.computation_module(probe))
+    return (api_name, fun_name, hashlib.sha256(text.encode()).hexdigest(), len(text), tuple(donated),
+            tuple(in_layouts), tuple(out_layouts), kwargs["keep_unused"], kwargs["compiler_options_kvs"])
 
 
 def _aval_bytes(aval) -> int:

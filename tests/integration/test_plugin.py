@@ -1,0 +1,127 @@
+"""``JAX_PLUGINS=alpa_pass``: unchanged scripts, run in subprocesses on 8 CPU devices."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "scripts"
+HEAVY = ["alpa_pass._core", "alpa_pass.emit.constraints", "alpa_pass.extract.stablehlo",
+         "alpa_pass.plan.planner", "highspy"]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS"))}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", **extra)
+    return env
+
+
+def _run(script: str, **env):
+    """Run tests/scripts/<script> through run_script.py; (script's JSON, run report, stderr)."""
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_script.py"), str(SCRIPTS / script)],
+                          env=_env(**env), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("ALPA_PASS_RUN "), proc.stdout
+    return json.loads(lines[-2]), json.loads(lines[-1][len("ALPA_PASS_RUN "):]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def plain_run():
+    return _run("train_mlp.py")
+
+
+@pytest.fixture(scope="module")
+def plugin_run(tmp_path_factory):
+    report = tmp_path_factory.mktemp("report")
+    return (*_run("train_mlp.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_REPORT=str(report),
+                  ALPA_PASS_LOG="info"), report)
+
+
+def test_plugin_off_changes_nothing(plain_run):
+    out, run, _ = plain_run
+    assert run["plugin"] == {"enabled": False, "planned": 0, "reused": 0, "passed": 0, "failed": 0}
+    assert run["heavy_modules"] == []
+    assert [p["devices"] for p in out["params"]] == [1] * 8
+    assert run["compiles"]["train_step"] == 1
+
+
+def test_plugin_plans_train_step_once_and_matches_losses(plain_run, plugin_run):
+    plain, _, _ = plain_run
+    out, run, stderr, _ = plugin_run
+    assert run["plugin"]["planned"] == 1 and run["plugin"]["failed"] == 0
+    assert run["plugin"]["reused"] == 1             # step 2 feeds sharded outputs back: same executable
+    assert run["compiles"]["train_step"] == 1       # 5 steps, one XLA compilation
+    assert "planned train_step on mesh 1x8" in stderr
+    assert len(out["losses"]) == 5
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+def test_plugin_shards_parameters_over_all_devices(plugin_run):
+    out, _, _, _ = plugin_run
+    assert out["num_devices"] == 8
+    assert all(p["devices"] == 8 for p in out["params"])
+    kernels = [p["spec"] for p in out["params"][1::2]]  # leaves: bias, kernel per layer
+    assert any("'y'" in s for s in kernels), kernels     # weights are split, not just replicated
+
+
+def test_report_has_summary_and_json(plugin_run):
+    _, _, _, report = plugin_run
+    texts, jsons = sorted(report.glob("*.txt")), sorted(report.glob("*.json"))
+    assert len(texts) == len(jsons) == 1
+    assert "alpa_pass plan" in texts[0].read_text()
+    figures = json.loads(jsons[0].read_text())
+    assert figures["computation"] == "train_step" and figures["mesh"] == [1, 8]
+    assert len(figures["input_specs"]) == 8 + 17 + 2 and len(figures["output_specs"]) == 8 + 17 + 1
+    assert figures["objective"] > 0 and figures["ilp_size"]["columns"] > 0
+    assert {"extract", "build", "solve", "emit"} <= set(figures["timings"])
+
+
+def test_user_in_shardings_left_alone():
+    plain, _, _ = _run("user_shardings.py")
+    out, run, _ = _run("user_shardings.py", JAX_PLUGINS="alpa_pass")
+    assert run["plugin"]["enabled"] and run["plugin"]["planned"] == 0
+    assert run["heavy_modules"] == []
+    assert out == plain   # same spec, devices and bitwise-equal loss
+
+
+def test_bad_mesh_is_a_clear_error():
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "train_mlp.py")], capture_output=True,
+                          text=True, timeout=120, env=_env(JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="2x3"))
+    assert proc.returncode != 0
+    assert "PluginConfigError: ALPA_PASS_MESH=2x3 has 6 positions but there are 8 devices" in proc.stderr
+
+
+def test_bad_syntax_is_a_clear_error():
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "train_mlp.py")], capture_output=True,
+                          text=True, timeout=120, env=_env(JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="2x"))
+    assert proc.returncode != 0
+    assert "PluginConfigError: ALPA_PASS_MESH='2x' is not a mesh shape" in proc.stderr
+
+
+def test_entry_point_import_is_light():
+    """Importing the entry point and initialize() (JAX_PLUGINS set) import no C++ core, highspy,
+    MLIR-walking module or rich (jaxlib.mlir itself comes with ``import jax``)."""
+    code = ("import sys, jax, alpa_pass.plugin as p; p.initialize(); "
+            f"print(sorted(m for m in {HEAVY + ['rich']!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=_env(JAX_PLUGINS="alpa_pass"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_unsupported_jax_warns_once_and_runs_plain():
+    code = ("import warnings, alpa_pass._compat as c; c.SUPPORTED = ((99, 0, 0), (100, 0, 0)); "
+            "import jax, alpa_pass.plugin as p; "
+            "x = jax.numpy.ones(3) + 1; print(p.stats()['enabled'], float(x.sum()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=_env(JAX_PLUGINS="alpa_pass"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "6.0"]
+    assert proc.stderr.count("is not supported (need >=99.0.0,<100.0.0); running as plain JAX") == 1
