@@ -15,7 +15,9 @@
 
 #include "alpa/graph.h"
 #include "alpa/ilp.h"
+#include "alpa/memory.h"
 #include "alpa/mesh.h"
+#include "alpa/pipeline_dp.h"
 #include "alpa/problem.h"
 #include "alpa/spec.h"
 #include "alpa/strategy.h"
@@ -84,9 +86,29 @@ NodeStrategies node_strategies(const Graph& g, int64_t v, const Mesh& mesh, cons
 
 using EdgeIn = std::tuple<int64_t, int64_t, InCost>;
 using EqualityIn = std::tuple<int64_t, int64_t, In1<int64_t>>;
+// (groups, strategies, coeffs, lower, upper): lower <= sum coeffs[i] * s[groups[i]][strategies[i]] <= upper.
+using RowIn = std::tuple<In1<int64_t>, In1<int64_t>, In1<double>, double, double>;
+
+std::vector<IlpLinearRow> to_linear_rows(const std::vector<RowIn>& rows) {
+  std::vector<IlpLinearRow> out;
+  out.reserve(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto& [groups, strategies, coeffs, lower, upper] = rows[r];
+    if (groups.shape(0) != strategies.shape(0) || groups.shape(0) != coeffs.shape(0)) {
+      throw std::invalid_argument("linear row " + std::to_string(r) +
+                                  ": groups, strategies and coeffs differ in length");
+    }
+    IlpLinearRow row{{}, lower, upper, "linear row " + std::to_string(r)};
+    for (size_t i = 0; i < groups.shape(0); ++i) {
+      row.entries.push_back({groups.data()[i], strategies.data()[i], coeffs.data()[i]});
+    }
+    out.push_back(std::move(row));
+  }
+  return out;
+}
 
 IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::vector<EdgeIn>& edges,
-                        const std::vector<EqualityIn>& equalities) {
+                        const std::vector<EqualityIn>& equalities, const std::vector<RowIn>& rows) {
   std::vector<std::vector<double>> groups;
   groups.reserve(group_costs.size());
   for (const auto& c : group_costs) groups.push_back(to_vector(c));
@@ -107,7 +129,7 @@ IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::
   std::vector<IlpEquality> qs;
   qs.reserve(equalities.size());
   for (const auto& [u, v, match] : equalities) qs.push_back({u, v, to_vector(match)});
-  return build_ilp(std::move(groups), std::move(es), std::move(qs));
+  return build_ilp(std::move(groups), std::move(es), std::move(qs), to_linear_rows(rows));
 }
 
 // Flattened per-strategy views of ShardingProblem.nodes (docs/core_api.md).
@@ -186,6 +208,7 @@ void bind_graph_strategy(nb::module_& m) {
       .def_rw("allow_replicated_heavy_ops", &CoreOptions::allow_replicated_heavy_ops)
       .def_rw("compute_cost_per_flop", &CoreOptions::compute_cost_per_flop)
       .def_rw("memory_cost_per_byte", &CoreOptions::memory_cost_per_byte)
+      .def_rw("memory_budget_per_device", &CoreOptions::memory_budget_per_device)
       .def_rw("merge_followers", &CoreOptions::merge_followers)
       .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel);
   nb::class_<Graph>(m, "Graph", "Flat op graph (CSR arrays, see extract/graph.py); validated.")
@@ -238,9 +261,19 @@ void bind_problem(nb::module_& m) {
         for (const auto& ns : p.nodes) f.push_back(ns.follow);
         return to_numpy(std::move(f), {p.nodes.size()});
       }, kOwned)
+      .def_ro("num_memory_rows", &ShardingProblem::num_memory_rows)
+      .def_prop_ro("live_nodes", [](const ShardingProblem& p) { return view(p, p.memory.node); })
+      .def_prop_ro("live_start", [](const ShardingProblem& p) { return view(p, p.memory.start); })
+      .def_prop_ro("live_end", [](const ShardingProblem& p) { return view(p, p.memory.end); })
+      .def_prop_ro("memory_points", [](const ShardingProblem& p) { return view(p, p.memory.points); })
+      .def("predicted_peak", [](const ShardingProblem& p, In1<int64_t> assignment) {
+        const PeakMemory peak = predicted_peak(p, to_vector(assignment));
+        return std::make_tuple(peak.bytes, peak.at);
+      }, "assignment"_a, "(per-device peak bytes, node where reached) of a strategy per group.")
       .def_ro("ilp", &ShardingProblem::ilp);
   m.def("build_sharding_problem", &build_sharding_problem, "graph"_a, "mesh"_a, "options"_a,
-        "ties"_a = std::vector<std::pair<int64_t, int64_t>>{});
+        "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
+        "donated_args"_a = std::vector<int64_t>{});
 }
 
 void bind_ilp(nb::module_& m) {
@@ -250,6 +283,8 @@ void bind_ilp(nb::module_& m) {
       .def_ro("offset", &IlpProblem::offset)
       .def_ro("num_edge_vars", &IlpProblem::num_edge_vars)
       .def_prop_ro("num_groups", &IlpProblem::num_groups)
+      .def_ro("linear_row_start", &IlpProblem::linear_row_start)
+      .def_prop_ro("num_linear_rows", [](const IlpProblem& p) { return p.linear_rows.size(); })
 #define ALPA_ILP_ARRAY(field) \
   .def_prop_ro(#field, [](const IlpProblem& p) { return view(p, p.field); })
       ALPA_ILP_ARRAY(col_cost) ALPA_ILP_ARRAY(col_lower) ALPA_ILP_ARRAY(col_upper)
@@ -258,7 +293,9 @@ void bind_ilp(nb::module_& m) {
       ALPA_ILP_ARRAY(group_var_start);
 #undef ALPA_ILP_ARRAY
   m.def("build_ilp", &py_build_ilp, "group_costs"_a, "edges"_a,
-        "equalities"_a = std::vector<EqualityIn>{});
+        "equalities"_a = std::vector<EqualityIn>{}, "rows"_a = std::vector<RowIn>{});
+  m.def("min_max_row_problem", &min_max_row_problem, "ilp"_a,
+        "Minimise M subject to every linear row <= M (costs zeroed; M is the last column).");
   nb::class_<EvalResult>(m, "EvalResult")
       .def_ro("objective", &EvalResult::objective)
       .def_ro("linear_cost", &EvalResult::linear_cost)
@@ -280,6 +317,24 @@ void bind_ilp(nb::module_& m) {
   }, "ilp"_a, "x"_a);
 }
 
+// Inter-op DPs (alpa/pipeline_dp.h): layer clustering and the stage-submesh DP.
+void bind_pipeline(nb::module_& m) {
+  m.def("cluster_layers", [](In1<double> flops, In1<double> cut_bytes, int64_t layers, double eps) {
+    return cluster_layers(to_vector(flops), to_vector(cut_bytes), layers, eps);
+  }, "flops"_a, "cut_bytes"_a, "layers"_a, "eps"_a);
+  m.def("stage_dp", [](InCost cost, In1<int64_t> submesh_devices, int64_t num_devices, int64_t num_micro) {
+    if (cost.ndim() != 3 || cost.shape(0) != cost.shape(1) || cost.shape(2) != submesh_devices.shape(0)) {
+      throw std::invalid_argument("stage_dp: cost must be [num_layers, num_layers, num_submeshes]");
+    }
+    const int64_t layers = static_cast<int64_t>(cost.shape(0));
+    std::vector<double> c(cost.data(), cost.data() + cost.size());
+    StageDpResult r = stage_dp(layers, c, to_vector(submesh_devices), num_devices, num_micro);
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> stages;
+    for (const auto& s : r.stages) stages.emplace_back(s.start, s.stop, s.submesh);
+    return std::make_tuple(r.objective, r.max_stage_latency, stages);
+  }, "cost"_a, "submesh_devices"_a, "num_devices"_a, "num_micro"_a);
+}
+
 }  // namespace
 }  // namespace alpa
 
@@ -291,4 +346,5 @@ NB_MODULE(_core, m) {
   alpa::bind_graph_strategy(m);
   alpa::bind_problem(m);
   alpa::bind_ilp(m);
+  alpa::bind_pipeline(m);
 }

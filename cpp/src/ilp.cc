@@ -7,7 +7,7 @@
 // then, per equality (u != v), one row per strategy j of v: sum_{i: match[i] == j} s[u][i] - s[v][j]
 // = 0, i.e. exactly "u picks i => v picks match[i]" (match need not be injective). An entry with
 // match -1 becomes the bound s[u][i] <= 0; with u == v, entries with match[i] != i become such
-// bounds (the choice must be a fixed point) and no rows are made.
+// bounds (the choice must be a fixed point) and no rows are made. Then one row per linear row.
 // Parallel edges (same pair of groups, either direction) share one set of e-columns with summed
 // costs. Constant costs (one-strategy groups, edges between two of them) go into `offset`.
 #include "alpa/ilp.h"
@@ -34,6 +34,32 @@ void check_group(int64_t g, int64_t num_groups, const std::string& where) {
   if (g < 0 || g >= num_groups) {
     throw std::invalid_argument(where + " names group " + std::to_string(g) + " but there are " +
                                 std::to_string(num_groups) + " groups");
+  }
+}
+
+void validate_linear_rows(const std::vector<std::vector<double>>& groups,
+                          const std::vector<IlpLinearRow>& rows) {
+  const auto G = static_cast<int64_t>(groups.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::string name = "linear row " + std::to_string(r) + " (" + rows[r].name + ")";
+    if (std::isnan(rows[r].lower) || std::isnan(rows[r].upper) || rows[r].lower > rows[r].upper) {
+      throw std::invalid_argument(name + " has bounds [" + std::to_string(rows[r].lower) + ", " +
+                                  std::to_string(rows[r].upper) + "]");
+    }
+    std::unordered_map<uint64_t, int> seen;
+    for (const IlpRowEntry& e : rows[r].entries) {
+      check_group(e.group, G, name);
+      const auto n = static_cast<int64_t>(groups[e.group].size());
+      if (e.strategy < 0 || e.strategy >= n || !std::isfinite(e.coeff)) {
+        throw std::invalid_argument(name + ": entry (group " + std::to_string(e.group) +
+                                    ", strategy " + std::to_string(e.strategy) + ", coeff " +
+                                    std::to_string(e.coeff) + ") is out of range or not finite");
+      }
+      if (seen[(static_cast<uint64_t>(e.group) << 32) | static_cast<uint64_t>(e.strategy)]++) {
+        throw std::invalid_argument(name + " names group " + std::to_string(e.group) +
+                                    " strategy " + std::to_string(e.strategy) + " twice");
+      }
+    }
   }
 }
 
@@ -185,6 +211,11 @@ void count_nonzeros(IlpProblem& p, const std::vector<int64_t>& size, const Merge
     for (int64_t j = 0; j < size[q.v]; ++j) ++nnz[p.group_var_start[q.v] + j];
     rows += size[q.v];
   }
+  p.linear_row_start = rows;
+  for (const IlpLinearRow& r : p.linear_rows) {
+    for (const IlpRowEntry& e : r.entries) ++nnz[p.group_var_start[e.group] + e.strategy];
+  }
+  rows += static_cast<int64_t>(p.linear_rows.size());
   if (rows > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument("ILP would have " + std::to_string(rows) +
                                 " rows, more than HiGHS's 32-bit row index allows");
@@ -231,13 +262,21 @@ void fill_matrix(IlpProblem& p, const std::vector<int64_t>& size, const MergedEd
     for (int64_t j = 0; j < size[q.v]; ++j) w.put(p.group_var_start[q.v] + j, row + j, -1.0);
     row += size[q.v];
   }
+  for (const IlpLinearRow& r : p.linear_rows) {
+    p.row_lower[row] = r.lower;
+    p.row_upper[row] = r.upper;
+    for (const IlpRowEntry& e : r.entries) w.put(p.group_var_start[e.group] + e.strategy, row, e.coeff);
+    ++row;
+  }
 }
 
 }  // namespace
 
 IlpProblem build_ilp(std::vector<std::vector<double>> group_costs, std::vector<IlpEdge> edges,
-                     std::vector<IlpEquality> equalities) {
+                     std::vector<IlpEquality> equalities,
+                     std::vector<IlpLinearRow> linear_rows) {
   validate_inputs(group_costs, edges, equalities);
+  validate_linear_rows(group_costs, linear_rows);
   IlpProblem p;
   const auto G = static_cast<int64_t>(group_costs.size());
   std::vector<int64_t> size(G);
@@ -264,6 +303,7 @@ IlpProblem build_ilp(std::vector<std::vector<double>> group_costs, std::vector<I
   p.group_costs = std::move(group_costs);
   p.edges = std::move(edges);
   p.equalities = std::move(equalities);
+  p.linear_rows = std::move(linear_rows);
   fill_costs(p, size, m);
   count_nonzeros(p, size, m);
   fill_matrix(p, size, m);
@@ -288,6 +328,14 @@ void check_columns(const IlpProblem& p, const std::vector<double>& x) {
                                 " entries but the ILP has " + std::to_string(p.num_cols) +
                                 " columns");
   }
+}
+
+// " (one-hot of group g)", " (<linear row name>)" or "" for edge / equality rows.
+std::string row_label(const IlpProblem& p, int64_t row) {
+  if (row < p.num_groups()) return " (one-hot of group " + std::to_string(row) + ")";
+  const int64_t r = row - p.linear_row_start;
+  if (r >= 0 && r < static_cast<int64_t>(p.linear_rows.size())) return " (" + p.linear_rows[r].name + ")";
+  return "";
 }
 
 }  // namespace
@@ -327,9 +375,44 @@ EvalResult evaluate(const IlpProblem& p, const std::vector<int64_t>& assignment)
                                       std::to_string(want) + ", got " +
                                       std::to_string(assignment[q.v])));
   }
+  for (const IlpLinearRow& row : p.linear_rows) {
+    double activity = 0.0;
+    for (const IlpRowEntry& e : row.entries) {
+      if (assignment[e.group] == e.strategy) activity += e.coeff;
+    }
+    const double tol = 1e-9 * std::max(1.0, std::abs(activity));
+    if (activity >= row.lower - tol && activity <= row.upper + tol) continue;
+    add_violation(r, dropped, row.name + " = " + std::to_string(activity) + " outside [" +
+                                  std::to_string(row.lower) + ", " + std::to_string(row.upper) + "]");
+  }
   if (dropped) r.violations.push_back("... and " + std::to_string(dropped) + " more violations");
   r.objective = r.linear_cost + r.edge_cost;
   return r;
+}
+
+IlpProblem min_max_row_problem(const IlpProblem& p) {
+  if (p.linear_rows.empty()) {
+    throw std::invalid_argument("min_max_row_problem needs a problem with linear rows");
+  }
+  IlpProblem q = p;
+  ++q.num_cols;  // the column M
+  std::fill(q.col_cost.begin(), q.col_cost.end(), 0.0);
+  q.col_cost.push_back(1.0);
+  q.col_lower.push_back(0.0);
+  q.col_upper.push_back(std::numeric_limits<double>::infinity());
+  q.integrality.push_back(0);
+  for (int64_t row = q.linear_row_start; row < q.num_rows; ++row) {
+    q.a_index.push_back(static_cast<int32_t>(row));
+    q.a_value.push_back(-1.0);
+    q.row_lower[row] = -std::numeric_limits<double>::infinity();
+    q.row_upper[row] = 0.0;
+  }
+  q.a_start.push_back(static_cast<int64_t>(q.a_index.size()));
+  q.offset = 0.0;
+  for (auto& costs : q.group_costs) std::fill(costs.begin(), costs.end(), 0.0);
+  q.edges.clear();
+  q.linear_rows.clear();
+  return q;
 }
 
 // objective = c.x + offset; linear_cost = the s-columns' part + offset (edge costs folded into
@@ -356,8 +439,7 @@ EvalResult evaluate_columns(const IlpProblem& p, const std::vector<double>& x, d
   for (int64_t row = 0; row < p.num_rows; ++row) {
     if (activity[row] >= p.row_lower[row] - tol && activity[row] <= p.row_upper[row] + tol) continue;
     add_violation(r, dropped, "row " + std::to_string(row) +
-                                  (row < p.num_groups() ? " (one-hot of group " + std::to_string(row) + ")"
-                                                        : std::string()) +
+                                  row_label(p, row) +
                                   " = " + std::to_string(activity[row]) + " outside [" +
                                   std::to_string(p.row_lower[row]) + ", " +
                                   std::to_string(p.row_upper[row]) + "]");

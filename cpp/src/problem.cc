@@ -1,6 +1,6 @@
 // Whole-graph assembly (see problem.h): strategies per node in topological order, followers merged
 // into their leader's ILP group, resharding costs accumulated per pair of groups, ties turned into
-// equalities, then build_ilp.
+// equalities, the memory model (and budget rows), then build_ilp.
 //
 // Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
 // i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
@@ -155,7 +155,8 @@ std::vector<IlpEquality> tie_equalities(const Graph& g, const ShardingProblem& p
 
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
-                                       const std::vector<std::pair<int64_t, int64_t>>& ties) {
+                                       const std::vector<std::pair<int64_t, int64_t>>& ties,
+                                       const std::vector<int64_t>& donated_args) {
   graph.validate();
   mesh.validate();
   const int64_t n = graph.num_nodes();
@@ -187,8 +188,23 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     for (size_t t = 0; t < ops.size(); ++t) as.add_operand_edge(v, t, ops[t]);
   }
   std::vector<IlpEquality> eqs = tie_equalities(graph, p, ties);
-  p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs));
+  p.memory = build_memory_model(graph, donated_args);
+  std::vector<IlpLinearRow> rows;
+  if (options.memory_budget_per_device > 0.0) {
+    rows = memory_rows(p.memory, p.nodes, p.node_group, options.memory_budget_per_device);
+  }
+  p.num_memory_rows = static_cast<int64_t>(rows.size());
+  p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs), std::move(rows));
   return p;
+}
+
+PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment) {
+  if (static_cast<int64_t>(group_assignment.size()) != p.ilp.num_groups()) {
+    throw std::invalid_argument("assignment has " + std::to_string(group_assignment.size()) +
+                                " entries, expected one per group (" +
+                                std::to_string(p.ilp.num_groups()) + ")");
+  }
+  return peak_memory(p.memory, p.nodes, p.node_group, group_assignment);
 }
 
 }  // namespace alpa

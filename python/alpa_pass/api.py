@@ -70,7 +70,8 @@ class ParallelizedFunction:
 
         method = self._shard_method()
         plan, _, _ = make_plan(self._bind_static(args), self._dynamic(args), method.resolved_mesh(),
-                               method.option)
+                               method.option, saved=method.plan,
+                               donate_argnums=self._dynamic_positions(self.donate_argnums, len(args)))
         return plan
 
     @property
@@ -82,9 +83,14 @@ class ParallelizedFunction:
         from alpa_pass.plan.planner import plan_and_compile
 
         fn = self._bind_static(args)
+        if type(self.method).__name__ == "PipeshardParallel":
+            from alpa_pass.pipeline.runtime import build_pipeshard
+
+            return build_pipeshard(fn, dyn, self.method)
         donate = self._dynamic_positions(self.donate_argnums, len(args))
         method = self._shard_method()
-        plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate)
+        plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate,
+                                          saved=method.plan)
         out_treedef = jax.tree.structure(compiled.output_shardings)
         return Executable(plan, compiled, treedef, out_treedef)
 

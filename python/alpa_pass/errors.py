@@ -13,6 +13,10 @@ class ShardingError(AlpaPassError, ValueError):
     """A requested or saved sharding cannot be applied (e.g. a dim not divisible by its axis)."""
 
 
+class PlanMismatchError(ShardingError):
+    """A saved plan does not fit: another file format, jax version, function signature or mesh."""
+
+
 class TraceError(AlpaPassError):
     """JAX could not trace or lower the function being parallelized."""
 
@@ -35,3 +39,11 @@ class EmitError(AlpaPassError):
 
 class CompileError(AlpaPassError):
     """XLA rejected the annotated module."""
+
+
+class PlanDivergedError(AlpaPassError):
+    """The processes of one multi-process job made different plans (their hashes are compared)."""
+
+
+class LaunchError(AlpaPassError):
+    """A multi-process launch failed: MPI or mpirun missing, coordinator unreachable, bad flags."""

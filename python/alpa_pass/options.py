@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from alpa_pass.mesh import LogicalMesh
 
@@ -17,6 +18,10 @@ class AutoShardingOption:
         alpha/beta (a tie-breaker by default).
       memory_cost_per_byte: weight of each argument's per-device bytes in the objective (a
         tie-breaker towards split arguments, e.g. the batch of a data-parallel step).
+      memory_budget_per_device: bytes; the plan's predicted per-device peak (live arguments,
+        optimizer state and materialised activations over the program, see docs/core_api.md
+        "Memory") must stay under it; ``None`` = no budget. A budget no plan meets raises
+        InfeasibleError naming the smallest budget the planner estimates feasible.
       merge_followers: merge elementwise/transpose/reduce ops into the op they follow (smaller ILP).
       replicate_below_numel: tensors with at most this many elements are computed replicated.
       solver_time_limit_s: HiGHS time limit; the best plan found by then is used (the gap is reported).
@@ -28,11 +33,17 @@ class AutoShardingOption:
       tie_outputs_to_inputs: an output leaf whose pytree position matches an input leaf of the same
         shape (e.g. the new ``state`` of ``train_step(state, batch)``) gets the same sharding, so
         feeding outputs back in needs no resharding.
+      plan_cache_dir: directory of the on-disk plan cache (``None``: no cache). A plan is stored
+        under a hash of (function's StableHLO fingerprint, mesh, planning options, versions); the
+        next process planning the same step skips the solver (``plan.origin == "cache"``).
+      show_progress: a status line (stage, ILP size, elapsed) on stderr while planning; ``None``
+        = only when stderr is a terminal and planning takes over ~2 s.
     """
 
     allow_replicated_heavy_ops: bool = False
     compute_cost_per_flop: float = 1e-9
     memory_cost_per_byte: float = 1e-9
+    memory_budget_per_device: int | None = None
     merge_followers: bool = True
     replicate_below_numel: int = 1
     solver_time_limit_s: float = 60.0
@@ -41,6 +52,8 @@ class AutoShardingOption:
     solver_log: bool = False
     emit: str = "all"
     tie_outputs_to_inputs: bool = True
+    plan_cache_dir: str | None = None
+    show_progress: bool | None = None
 
     def __post_init__(self):
         if self.emit not in ("all", "anchors"):
@@ -55,6 +68,13 @@ class AutoShardingOption:
             raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
         if self.solver_threads < 1:
             raise ValueError("AutoShardingOption.solver_threads must be >= 1")
+        if self.memory_budget_per_device is not None and not self.memory_budget_per_device > 0:
+            raise ValueError(f"AutoShardingOption.memory_budget_per_device must be > 0 bytes or None, "
+                             f"got {self.memory_budget_per_device!r}")
+        if self.plan_cache_dir is not None:
+            object.__setattr__(self, "plan_cache_dir", os.fspath(self.plan_cache_dir))
+        if self.show_progress not in (None, True, False):
+            raise ValueError(f"AutoShardingOption.show_progress must be None, True or False, got {self.show_progress!r}")
 
     def to_core(self):
         from alpa_pass import _core
@@ -63,6 +83,7 @@ class AutoShardingOption:
         opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
         opts.compute_cost_per_flop = self.compute_cost_per_flop
         opts.memory_cost_per_byte = self.memory_cost_per_byte
+        opts.memory_budget_per_device = float(self.memory_budget_per_device or 0)
         opts.merge_followers = self.merge_followers
         opts.replicate_below_numel = self.replicate_below_numel
         return opts
@@ -77,22 +98,52 @@ class ShardParallel(ParallelMethod):
     """Intra-operator parallelism: one sharding plan (an ILP) over one logical mesh.
 
     Attributes:
-      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh.
+      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh (or the saved
+        plan's mesh); ``"auto"`` = plan every logical shape of ``jax.devices()`` (1xN, 2xN/2, ...,
+        see ``plan.auto_mesh``) and keep the cheapest plan (``plan.mesh_search`` lists them).
       option: planner options.
+      plan: a saved ``Plan`` (or the path of its ``Plan.save`` file) to apply without solving; it
+        must have been made by this jax version for the same function signature and mesh
+        (PlanMismatchError says what differs otherwise).
     """
 
-    mesh: LogicalMesh | None = None
+    mesh: LogicalMesh | str | None = None
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    plan: object = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
-        if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
-            raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, got {type(self.mesh).__name__}")
+        if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
+            raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, \"auto\" or None, "
+                            f"got {self.mesh!r}")
         if not isinstance(self.option, AutoShardingOption):
             raise TypeError(f"ShardParallel(option=...) takes an AutoShardingOption, got {type(self.option).__name__}")
+        if self.plan is not None:
+            self._load_plan()
 
-    def resolved_mesh(self) -> LogicalMesh:
+    def _load_plan(self):
+        from alpa_pass.plan.plan import Plan
+
+        if isinstance(self.plan, (str, os.PathLike)):
+            object.__setattr__(self, "plan", Plan.load(self.plan))
+        elif not isinstance(self.plan, Plan):
+            raise TypeError(f"ShardParallel(plan=...) takes a Plan or the path of a saved plan, "
+                            f"got {type(self.plan).__name__}")
+        if self.mesh == "auto":
+            raise ValueError("ShardParallel(plan=..., mesh=\"auto\"): a saved plan fixes its mesh; "
+                             "drop mesh= (the plan's mesh is used) or drop plan= to search meshes")
+
+    def resolved_mesh(self):
+        """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
+        if self.mesh == "auto":
+            import jax
+
+            from alpa_pass.plan.auto_mesh import candidate_meshes
+
+            return candidate_meshes(len(jax.devices()))
         if self.mesh is not None:
             return self.mesh
+        if self.plan is not None:
+            return self.plan.mesh
         import jax
 
         return LogicalMesh(shape=(1, len(jax.devices())))

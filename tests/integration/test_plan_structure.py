@@ -142,8 +142,10 @@ def test_moe_splits_experts_and_uses_all_to_all():
 def test_plan_reports_costs_and_sizes(megatron_mlp):
     exe, _, _ = megatron_mlp
     plan = exe.plan
-    assert set(plan.predicted) == {"compute", "communication", "resharding"}
-    assert plan.objective == pytest.approx(sum(plan.predicted.values()), rel=1e-6, abs=1e-9)
+    parts = ("compute", "communication", "resharding")
+    assert set(plan.predicted) == {*parts, "peak_bytes"}
+    assert plan.objective == pytest.approx(sum(plan.predicted[k] for k in parts), rel=1e-6, abs=1e-9)
+    assert plan.predicted["peak_bytes"] > 0
     assert plan.objective > 0
     assert all(plan.ilp_size[k] > 0 for k in ("columns", "rows", "nonzeros"))
     assert plan.solve_time_s >= 0

@@ -7,8 +7,11 @@
 // and cost R[i][j]. Edges touching a one-strategy group, and edges with u == v (cost R[i][i]),
 // fold into linear costs. An equality (u, v, match) means "u picks i => v picks match[i]" (match -1:
 // u never picks i); one row per strategy j of v: sum_{i: match[i] = j} s[u][i] = s[v][j].
+// An extra linear row (e.g. a memory budget at one program point) is
+// lower <= sum_entries coeff * s[group][strategy] <= upper.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,18 @@ struct IlpEdge {
 struct IlpEquality {
   int64_t u = 0, v = 0;
   std::vector<int64_t> match;  // for each strategy of u: the strategy of v it must equal, or -1
+};
+
+struct IlpRowEntry {
+  int64_t group = 0, strategy = 0;
+  double coeff = 0.0;
+};
+
+struct IlpLinearRow {
+  std::vector<IlpRowEntry> entries;  // distinct (group, strategy) pairs
+  double lower = -std::numeric_limits<double>::infinity();
+  double upper = std::numeric_limits<double>::infinity();
+  std::string name;                  // for violation messages, e.g. "memory at node 12"
 };
 
 struct IlpProblem {
@@ -40,12 +55,24 @@ struct IlpProblem {
   std::vector<std::vector<double>> group_costs;  // the linear costs as given
   std::vector<IlpEdge> edges;            // as given
   std::vector<IlpEquality> equalities;   // as given
+  std::vector<IlpLinearRow> linear_rows; // as given; rows linear_row_start .. num_rows - 1
+  int64_t linear_row_start = 0;
   int64_t num_edge_vars = 0;             // e-columns created
   int64_t num_groups() const { return static_cast<int64_t>(group_costs.size()); }
 };
 
 IlpProblem build_ilp(std::vector<std::vector<double>> group_costs, std::vector<IlpEdge> edges,
-                     std::vector<IlpEquality> equalities);
+                     std::vector<IlpEquality> equalities,
+                     std::vector<IlpLinearRow> linear_rows = {});
+
+// The problem "minimise M such that every linear row's activity <= M" over the same one-hot and
+// equality constraints: `p` with all costs and the offset zeroed and one continuous column M in
+// [0, inf) (cost 1, the last column) entering each linear row with -1, whose bounds become
+// (-inf, 0]. Its optimum is the smallest upper bound all linear rows can share (e.g. the smallest
+// feasible memory budget). Groups, decode_assignment and evaluate_columns apply as usual; evaluate()
+// on it checks one-hot/equalities only (objective 0). Throws std::invalid_argument if `p` has no
+// linear rows.
+IlpProblem min_max_row_problem(const IlpProblem& p);
 
 struct EvalResult {
   double objective = 0.0;    // linear + edge costs (the offset is part of them)

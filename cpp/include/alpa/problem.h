@@ -7,6 +7,7 @@
 
 #include "alpa/graph.h"
 #include "alpa/ilp.h"
+#include "alpa/memory.h"
 #include "alpa/mesh.h"
 #include "alpa/strategy.h"
 
@@ -15,13 +16,21 @@ namespace alpa {
 struct ShardingProblem {
   std::vector<NodeStrategies> nodes;  // per node
   std::vector<int64_t> node_group;    // ILP group of each node; node strategy k == group choice k
+  MemoryModel memory;                 // liveness of the materialised values
+  int64_t num_memory_rows = 0;        // ILP linear rows from the memory budget (0 without one)
   IlpProblem ilp;
 };
 
 // `ties`: pairs of nodes whose result specs must be equal (e.g. an output and the parameter it
-// replaces in a training loop); emitted as IlpEquality by spec equality.
+// replaces in a training loop); emitted as IlpEquality by spec equality. `donated_args`: flat
+// entry-argument indices whose buffers may be reused (live only until their last use).
+// With options.memory_budget_per_device > 0 the ILP gets memory_rows(...) as linear rows.
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
-                                       const std::vector<std::pair<int64_t, int64_t>>& ties);
+                                       const std::vector<std::pair<int64_t, int64_t>>& ties,
+                                       const std::vector<int64_t>& donated_args = {});
+
+// Per-device peak memory of a strategy index per ILP group (see memory.h).
+PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);
 
 }  // namespace alpa

@@ -23,6 +23,8 @@ struct CoreOptions {
   // Cost per per-device byte of holding an argument (PARAMETER): a tie-breaker that prefers
   // split arguments when splitting is otherwise free (e.g. the batch of a data-parallel step).
   double memory_cost_per_byte = 1e-9;
+  // Per-device memory budget in bytes (peak of live values, see memory.h); <= 0: no budget.
+  double memory_budget_per_device = 0.0;
 };
 
 struct Strategy {

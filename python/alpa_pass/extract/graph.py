@@ -98,6 +98,7 @@ class OpGraph:
     num_args: int = 0            # entry function arguments (PARAMETER nodes)
     num_outputs: int = 0         # entry function results (OUTPUT nodes)
     fallbacks: dict = dataclasses.field(default_factory=dict)  # op name -> count made OPAQUE
+    donated_args: list = dataclasses.field(default_factory=list)  # flat entry-arg indices donated
 
     @property
     def num_nodes(self) -> int:

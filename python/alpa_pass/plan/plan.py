@@ -35,7 +35,8 @@ class Plan:
     Attributes:
       mesh: the LogicalMesh planned for.
       objective: the ILP objective (predicted cost, in the mesh's alpha/beta units).
-      predicted: {"compute", "communication", "resharding"} parts of the objective.
+      predicted: {"compute", "communication", "resharding"} parts of the objective, and
+        "peak_bytes": the predicted per-device peak memory (also ``predicted_peak_bytes``).
       input_specs / output_specs: one ``PartitionSpec`` per argument / output leaf.
       node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
       operand_specs: per node, the core spec each operand must have for the chosen strategy.
@@ -45,6 +46,11 @@ class Plan:
       timings: seconds per phase ("trace", "extract", "build", "solve", "emit", "compile").
       fallbacks: op name -> count of ops planned as replicated because the core does not know them.
       emit_report: what emission inserted and skipped.
+      fingerprint: the planned function signature's identity (see ``plan.serialize.fingerprint``).
+      made_with: {"alpa_pass", "jax"} versions and "options" (the planning options used).
+      origin: "solver" (solved now), "cache" (read from ``plan_cache_dir``) or "saved"
+        (``ShardParallel(plan=...)``).
+      mesh_search: with ``mesh="auto"``, one {"shape", "objective", "solve_s", ...} per shape tried.
     """
 
     mesh: LogicalMesh
@@ -62,6 +68,10 @@ class Plan:
     timings: dict
     fallbacks: dict
     emit_report: object = None
+    fingerprint: str = ""
+    made_with: dict = dataclasses.field(default_factory=dict)
+    origin: str = "solver"
+    mesh_search: list = dataclasses.field(default_factory=list)
 
     def summary(self, max_rows: int = 20) -> str:
         """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""
@@ -76,10 +86,17 @@ class Plan:
                       f"communication {self.predicted['communication']:.4g} + "
                       f"resharding {self.predicted['resharding']:.4g}   "
                       f"[{self.solver_status}, gap {self.mip_gap:.2g}]")
+        console.print(f"predicted peak memory per device {self.predicted_peak_bytes / 2**20:.4g} MiB "
+                      f"({int(self.predicted_peak_bytes)} bytes)")
         size = self.ilp_size
         console.print(f"ILP: {size['nodes']} ops -> {size['groups']} groups, {size['columns']} columns "
                       f"({size['edge_columns']} edge), {size['rows']} rows, {size['nonzeros']} nonzeros")
-        console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()))
+        console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()) +
+                      ("" if self.origin == "solver" else f"   (plan from {self.origin}, not solved)"))
+        if self.mesh_search:
+            from alpa_pass.plan.auto_mesh import search_summary
+
+            console.print(search_summary(self.mesh_search, self.mesh.shape))
         if self.fallbacks:
             console.print("replicated (unknown to the core): " +
                           ", ".join(f"{k} x{v}" for k, v in sorted(self.fallbacks.items())))
@@ -92,11 +109,43 @@ class Plan:
         console.print(table)
         return console.export_text()
 
+    @property
+    def predicted_peak_bytes(self) -> float:
+        """Predicted per-device peak memory in bytes: live arguments, optimizer state and the
+        activations XLA materialises (docs/core_api.md "Memory")."""
+        return self.predicted["peak_bytes"]
+
     def largest(self, n: int) -> list[NodeChoice]:
         """Parameters, outputs, dots/convolutions/gathers/scatters, largest first."""
         keep = {"PARAMETER", "OUTPUT", "DOT", "CONVOLUTION", "GATHER", "SCATTER"}
         rows = [c for c in self.choices if c.kind in keep]
         return sorted(rows, key=lambda c: (-c.bytes, c.node))[:n]
+
+    def to_json(self) -> str:
+        """The plan as JSON text (``Plan.from_json`` reads it back; layout in ``plan.serialize``)."""
+        from alpa_pass.plan.serialize import plan_to_json
+
+        return plan_to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Read a plan from ``to_json`` text. Raises PlanMismatchError for text that is not a plan
+        of this format version; ``ShardParallel(plan=...)`` checks jax version, function and mesh."""
+        from alpa_pass.plan.serialize import plan_from_json
+
+        return plan_from_json(text)
+
+    def save(self, path) -> None:
+        """Write ``to_json()`` to ``path`` (atomically: a half-written file never appears)."""
+        from alpa_pass.plan.cache import write_atomic
+
+        write_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        """``from_json`` of the file at ``path``."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
 
     def __repr__(self):
         return (f"Plan(mesh={self.mesh.shape}, objective={self.objective:.6g}, "
@@ -127,9 +176,10 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     predicted = {"compute": float(compute.sum()), "communication": float(comm.sum())}
     resharding = float(solution.objective - predicted["compute"] - predicted["communication"])
     predicted["resharding"] = 0.0 if abs(resharding) <= 1e-9 * max(1.0, abs(solution.objective)) else resharding
+    predicted["peak_bytes"] = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
     ilp_size = {"nodes": graph.num_nodes, "groups": int(ilp.num_groups), "columns": int(ilp.num_cols),
                 "edge_columns": int(ilp.num_edge_vars), "rows": int(ilp.num_rows),
-                "nonzeros": int(len(ilp.a_value))}
+                "nonzeros": int(len(ilp.a_value)), "memory_rows": int(problem.num_memory_rows)}
     return Plan(mesh=mesh, objective=float(solution.objective), predicted=predicted,
                 input_specs=[choices[v].spec for v in graph.param_nodes()],
                 output_specs=[choices[v].spec for v in graph.output_nodes()],

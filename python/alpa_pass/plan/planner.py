@@ -15,8 +15,13 @@ from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan.memory import donated_leaves, solve_within_budget
+from alpa_pass.plan.obtain import obtain_plan
 from alpa_pass.plan.plan import Plan, build_plan
-from alpa_pass.solve.highs import SolveOptions, solve_ilp
+from alpa_pass.plan.progress import planning_progress
+from alpa_pass.plan.serialize import fingerprint, made_with
+from alpa_pass.runtime.multiprocess import check_same_plan
+from alpa_pass.solve.highs import SolveOptions
 from alpa_pass.trace.lower import fn_name, lower, output_ties
 
 log = logging.getLogger("alpa_pass")
@@ -33,57 +38,78 @@ def core_graph(graph: OpGraph):
                        graph.operand_offsets, graph.operand_ids, graph.attr_offsets, graph.attrs)
 
 
-def make_plan(fn, args, mesh: LogicalMesh, option: AutoShardingOption):
+def make_plan(fn, args, mesh, option: AutoShardingOption, saved: Plan | None = None,
+              donate_argnums=()):
     """Trace, extract, build and solve: the Plan for ``fn(*args)`` on ``mesh`` (nothing compiled).
 
     Returns (plan, graph, out_treedef).
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s (planning needs no memory).
+    ``mesh``: a LogicalMesh, or a sequence of them (``ShardParallel(mesh="auto")``: each is planned,
+    the cheapest plan is kept, ``plan.mesh_search`` lists them). ``saved``: a Plan to apply instead
+    of solving (PlanMismatchError unless it was made for this function signature, mesh and jax).
+    With ``option.plan_cache_dir`` a cached plan replaces the build and solve.
+    ``donate_argnums``: positions of ``args`` whose buffers are donated (memory liveness).
     """
-    from alpa_pass import _core
+    with planning_progress(option.show_progress) as progress:
+        timings = {}
+        progress.stage("trace")
+        t = time.perf_counter()
+        lowered = lower(fn, args)
+        timings["trace"] = time.perf_counter() - t
 
-    timings = {}
-    t = time.perf_counter()
-    lowered = lower(fn, args)
-    timings["trace"] = time.perf_counter() - t
+        progress.stage("extract")
+        t = time.perf_counter()
+        graph = extract_graph(lowered.compiler_ir("stablehlo"))
+        leaves = jax.tree.leaves(args)
+        if graph.num_args != len(leaves):
+            raise ExtractError(f"{fn_name(fn)} lowered to {graph.num_args} module arguments but has "
+                               f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
+        key = fingerprint(lowered.as_text(debug_info=False), leaves, graph.num_nodes)
+        graph.donated_args = donated_leaves(args, donate_argnums)
+        timings["extract"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    graph = extract_graph(lowered.compiler_ir("stablehlo"))
-    leaves = jax.tree.leaves(args)
-    if graph.num_args != len(leaves):
-        raise ExtractError(f"{fn_name(fn)} lowered to {graph.num_args} module arguments but has "
-                           f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
-    timings["extract"] = time.perf_counter() - t
-
-    ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
-    return plan_graph(graph, mesh, option, ties, timings), graph, lowered.out_tree
+        ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
+        plan = obtain_plan(graph, mesh, option, ties, timings, key, saved=saved, progress=progress)
+    check_same_plan(plan, f"plan of {fn_name(fn)}")
+    return plan, graph, lowered.out_tree
 
 
 def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
-               ties=(), timings: dict | None = None) -> Plan:
+               ties=(), timings: dict | None = None, progress=None) -> Plan:
     """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
+    ``progress``: a ``plan.progress.PlanningProgress`` told each stage (optional).
     """
     from alpa_pass import _core
 
     timings = {} if timings is None else timings
+    where = "x".join(map(str, mesh.shape))
+    if progress is not None:
+        progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
     t = time.perf_counter()
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties))
+    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties),
+                                           list(graph.donated_args))
     timings["build"] = time.perf_counter() - t
-    solution = solve_ilp(problem.ilp, SolveOptions(
+    if progress is not None:
+        progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
+    solution = solve_within_budget(problem, option.memory_budget_per_device, SolveOptions(
         time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
-        threads=option.solver_threads, log_to_console=option.solver_log))
+        threads=option.solver_threads, log_to_console=option.solver_log), where)
     timings["solve"] = solution.solve_time_s
     plan = build_plan(graph, problem, solution, mesh, timings)
+    plan.made_with = made_with(option)
     check_divisible(graph, plan, mesh)
     return plan
 
 
-def plan_and_compile(fn, args, mesh: LogicalMesh, option: AutoShardingOption,
-                     donate_argnums=()) -> tuple[Plan, object]:
-    """Plan ``fn(*args)`` on ``mesh`` and compile it. Returns (plan, jax ``Compiled``)."""
+def plan_and_compile(fn, args, mesh, option: AutoShardingOption, donate_argnums=(),
+                     saved: Plan | None = None) -> tuple[Plan, object]:
+    """Plan ``fn(*args)`` on ``mesh`` (or apply ``saved``; see ``make_plan``) and compile it for
+    ``plan.mesh``. Returns (plan, jax ``Compiled``)."""
+    plan, graph, out_tree = make_plan(fn, args, mesh, option, saved=saved, donate_argnums=donate_argnums)
+    mesh = plan.mesh
     jmesh = mesh.jax_mesh()
-    plan, graph, out_tree = make_plan(fn, args, mesh, option)
     timings = plan.timings
     t = time.perf_counter()
     in_sh = _shardings_like(args, plan.input_specs, jmesh)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 
 from alpa_pass.plan.plan import Plan
+from alpa_pass.runtime.multiprocess import place_global
 
 
 class Executable:
@@ -32,8 +33,12 @@ class Executable:
 
     @staticmethod
     def _place(x, sharding):
+        """``x`` with ``sharding``. A sharding over other processes' devices (multi-process runs)
+        takes the same full host value on every process (see ``multiprocess.place_global``)."""
         if isinstance(x, jax.Array) and x.sharding == sharding:
             return x
+        if not sharding.is_fully_addressable:
+            return place_global(x, sharding)
         return jax.device_put(x, sharding)
 
     def hlo_text(self) -> str:

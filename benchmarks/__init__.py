@@ -1,0 +1,1 @@
+"""Benchmark suites (never run by CI): models with size presets, hand-written baselines, reports."""

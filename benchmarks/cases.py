@@ -1,0 +1,110 @@
+"""One benchmark case: a model size on a mesh, planned by alpa_pass and by each hand-written
+baseline; every figure the report needs, as a JSON-ready dict."""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+
+import alpa_pass as ap
+from benchmarks import baselines, measure
+from benchmarks.cost_model import CostModel
+from benchmarks.models import gpt_sizes, moe_transformer, wide_resnet
+from tests.models import default_optimizer, init_state, train_step_for
+
+SUITES = {"gpt": gpt_sizes, "moe": moe_transformer, "wresnet": wide_resnet}
+SUITE_METHODS = {"gpt": ("dp", "zero2", "zero3", "megatron"),
+                 "moe": ("dp", "zero2", "zero3", "megatron", "expert"),
+                 "wresnet": ("dp", "zero2", "zero3")}
+
+
+def model_inputs(suite: str, config, abstract: bool):
+    """``(loss_fn, optimizer, state, batch)``; ShapeDtypeStructs when ``abstract`` (no memory)."""
+    mod, optimizer = SUITES[suite], default_optimizer()
+    make_state = lambda: init_state(mod.init(jax.random.key(0), config), optimizer)  # noqa: E731
+    make_batch = lambda: mod.make_batch(jax.random.key(1), config)  # noqa: E731
+    if abstract:
+        return mod.make_loss_fn(config), optimizer, jax.eval_shape(make_state), jax.eval_shape(make_batch)
+    return mod.make_loss_fn(config), optimizer, make_state(), make_batch()
+
+
+def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardingOption,
+             methods=None, run: bool = True, repeats: int = 5, unmerged: bool = True) -> dict:
+    """Plan, compile (and when ``run``, execute and time) auto and every baseline of ``suite``.
+
+    ``unmerged``: evaluate baselines that follower merging cannot express in the unmerged ILP
+    (slower; off for the large sizes)."""
+    mod = SUITES[suite]
+    config = mod.SIZES[size]
+    loss_fn, optimizer, state, batch = model_inputs(suite, config, abstract=not run)
+    fn = train_step_for(loss_fn, optimizer)
+    result = {"suite": suite, "size": size, "config": _asdict(config),
+              "params": sum(math.prod(x.shape) for x in jax.tree.leaves(state[0])),
+              "mesh": {"shape": list(mesh.shape), "alpha": list(mesh.alpha), "beta": list(mesh.beta)},
+              "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}", "ran": run,
+              "jax": jax.__version__}
+    step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
+    t = time.perf_counter()
+    exe = step.get_executable(state, batch)
+    auto = {"wall_s": time.perf_counter() - t, "objective": exe.plan.objective,
+            "predicted": dict(exe.plan.predicted), "timings_s": dict(exe.plan.timings),
+            "ilp_size": dict(exe.plan.ilp_size), "solver_status": exe.plan.solver_status,
+            "mip_gap": exe.plan.mip_gap, **measure.compiled_stats(exe)}
+    result["methods"] = {"auto": auto}
+    jmesh = mesh.jax_mesh()
+    for name in methods or SUITE_METHODS[suite]:
+        rule = getattr(mod, "megatron_dim" if name == "megatron" else "expert_dim", None)
+        base = baselines.make_baseline(name, state, batch, mesh.axis_names, mesh.shape, rule)
+        jitted = baselines.jit_baseline(baselines.make_train_step(loss_fn, optimizer, base, jmesh), base, jmesh)
+        t = time.perf_counter()
+        compiled = jitted.lower(state, batch).compile()
+        result["methods"][name] = {"compile_s": time.perf_counter() - t, "baseline": base,
+                                   "jitted": jitted, **measure.compiled_stats(compiled)}
+    result["cost_model"] = evaluate_baselines(fn, (state, batch), mesh, option, result["methods"], unmerged)
+    if run:
+        result["reference_loss"] = float(jax.jit(fn)(measure.fresh_copy(state), batch)[1])
+        for name, entry in result["methods"].items():
+            runner = step if name == "auto" else entry["jitted"]
+            entry["timing"] = measure.time_steps(runner, measure.fresh_copy(state), batch, repeats)
+            entry["loss_error"] = abs(entry["timing"]["first_loss"] - result["reference_loss"])
+    for entry in result["methods"].values():
+        entry.pop("baseline", None), entry.pop("jitted", None)
+    return result
+
+
+def evaluate_baselines(fn, args, mesh, option, methods: dict, unmerged_fallback: bool = True) -> dict:
+    """Each baseline's layout in alpa_pass's cost model: the planner's own problem, or, where follower
+    merging makes the layout infeasible and ``unmerged_fallback``, the unmerged problem (whose free
+    optimum is reported too)."""
+    merged = CostModel(fn, args, mesh, option)
+    out = {"auto_objective": methods["auto"]["objective"], "baselines": {}, "unmerged_free": None}
+    unmerged = None
+    for name, entry in methods.items():
+        if name == "auto":
+            continue
+        specs = baselines.flat_specs(entry["baseline"])
+        ev, model = merged.pinned(specs), "merged"
+        if ev.status == "Infeasible" and unmerged_fallback:
+            if unmerged is None:
+                unmerged = CostModel(fn, args, mesh, _replace(option, merge_followers=False))
+                free = unmerged.free()
+                out["unmerged_free"] = {"objective": free.objective, "status": free.status}
+            ev, model = unmerged.pinned(specs), "unmerged"
+        out["baselines"][name] = {"objective": ev.objective, "predicted": ev.predicted, "model": model,
+                                  "status": ev.status, "unpinned": ev.unpinned,
+                                  "auto_not_worse": None if ev.status == "Infeasible" else
+                                  out["auto_objective"] <= ev.objective * (1 + 1e-4) + 1e-9}
+    return out
+
+
+def _asdict(config) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _replace(option, **changes):
+    import dataclasses
+
+    return dataclasses.replace(option, **changes)

@@ -1,0 +1,54 @@
+// Per-device memory of a sharding plan: liveness of the values XLA materialises over the graph's
+// node order (program order), the peak of an assignment, and memory-budget rows for the ILP.
+//
+// Which values count (measured against XLA's memory_analysis() on the MLP and GPT test models,
+// within 0.86x..1.12x of argument + output + temp - alias, donated or not): XLA fuses elementwise
+// chains, so a value takes memory only if it is a PARAMETER, the result of a DOT, CONVOLUTION,
+// REDUCE, GATHER, SCATTER or OPAQUE op, has more than one distinct consumer, or is read by an
+// OUTPUT. OUTPUT nodes alias their operand and never count themselves.
+//
+// Live range of a counted value v, inclusive, in node ids: a PARAMETER from 0 to the end of the
+// program (a donated one only to its last use); any other value from v to its last consumer; a
+// value read by an OUTPUT until the end. The per-device bytes of v under a strategy are that
+// strategy's `memory`.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "alpa/graph.h"
+#include "alpa/ilp.h"
+#include "alpa/strategy.h"
+
+namespace alpa {
+
+struct MemoryModel {
+  // One entry per counted value, sorted by start: its node and live range [start, end].
+  std::vector<int64_t> node, start, end;
+  // Program points (node ids) whose live set is maximal (contained in no other point's set),
+  // ascending: every point's live set is a subset of one of theirs, so the peak is reached at one.
+  std::vector<int64_t> points;
+};
+
+// `donated_args`: flat entry-argument indices (a PARAMETER's attrs[0]) whose buffers XLA may reuse.
+// Throws std::invalid_argument for an index that names no argument.
+MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donated_args);
+
+// One row per distinct maximal live set: sum over live values v of memory(v, s) * s[group(v)][s]
+// <= budget. Coefficients of nodes merged into one group add up per (group, strategy) (one-strategy
+// groups included, so a row's activity is the whole live set's bytes); zero coefficients are
+// dropped; identical rows are merged. Named "memory at node <t>".
+std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                      const std::vector<int64_t>& node_group, double budget);
+
+struct PeakMemory {
+  double bytes = 0.0;  // per-device peak
+  int64_t at = -1;     // first program point (node id) where it is reached; -1 if nothing counts
+};
+
+// Peak of `group_assignment` (a strategy index per ILP group); equals the largest memory row
+// activity.
+PeakMemory peak_memory(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                       const std::vector<int64_t>& node_group,
+                       const std::vector<int64_t>& group_assignment);
+
+}  // namespace alpa

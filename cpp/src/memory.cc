@@ -1,0 +1,205 @@
+// Liveness of materialised values, maximal live sets, memory-budget rows and the peak of an
+// assignment (see memory.h for the counting rule and the live ranges).
+//
+// Maximal points: the live set only grows at a start, so every point's set is contained in the set
+// of the latest start at or before it. Of two consecutive start points t_a < t_b, set(t_a) is
+// contained in set(t_b) iff no range ends in [t_a, t_b); otherwise set(t_a) is maximal (the range
+// starting at t_a is live at no earlier start, the one ending before t_b at no later one).
+#include "alpa/memory.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace alpa {
+namespace {
+
+bool heavy_kind(OpKind k) {
+  switch (k) {
+    case OpKind::kParameter:
+    case OpKind::kDot:
+    case OpKind::kConvolution:
+    case OpKind::kReduce:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kOpaque:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// donated[v] for every PARAMETER node v named by `donated_args`.
+std::vector<char> donated_nodes(const Graph& g, const std::vector<int64_t>& donated_args) {
+  std::vector<int64_t> node_of_arg;
+  for (int64_t v = 0; v < g.num_nodes(); ++v) {
+    if (g.op_kind(v) != OpKind::kParameter) continue;
+    const int64_t arg = g.node_attrs(v)[0];
+    if (arg >= static_cast<int64_t>(node_of_arg.size())) node_of_arg.resize(arg + 1, -1);
+    node_of_arg[arg] = v;
+  }
+  std::vector<char> out(g.num_nodes(), 0);
+  for (int64_t arg : donated_args) {
+    if (arg < 0 || arg >= static_cast<int64_t>(node_of_arg.size()) || node_of_arg[arg] < 0) {
+      throw std::invalid_argument("donated argument " + std::to_string(arg) + " is not an argument of " +
+                                  "the graph (it has " + std::to_string(node_of_arg.size()) + ")");
+    }
+    out[node_of_arg[arg]] = 1;
+  }
+  return out;
+}
+
+// Points (ascending) whose live set is maximal, from ranges sorted by start.
+std::vector<int64_t> maximal_points(const MemoryModel& m, int64_t n) {
+  std::vector<int64_t> ends_before(n + 1, 0);  // number of range ends at points < t
+  for (int64_t e : m.end) ++ends_before[e + 1];
+  std::partial_sum(ends_before.begin(), ends_before.end(), ends_before.begin());
+  std::vector<int64_t> points;
+  for (size_t i = 0; i < m.start.size(); ++i) {
+    const int64_t t = m.start[i];
+    if (i + 1 < m.start.size() && m.start[i + 1] == t) continue;  // one point per distinct start
+    const int64_t next = i + 1 < m.start.size() ? m.start[i + 1] : n;
+    if (next == n || ends_before[next] > ends_before[t]) points.push_back(t);
+  }
+  return points;
+}
+
+}  // namespace
+
+MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donated_args) {
+  const int64_t n = g.num_nodes();
+  const std::vector<char> donated = donated_nodes(g, donated_args);
+  std::vector<int64_t> consumers(n, 0), last_use(n, -1);
+  std::vector<char> to_output(n, 0);
+  for (int64_t v = 0; v < n; ++v) {
+    for (int64_t u : g.operands(v)) {
+      if (last_use[u] != v) ++consumers[u];  // distinct consumers (v's operands are visited together)
+      last_use[u] = v;
+      if (g.op_kind(v) == OpKind::kOutput) to_output[u] = 1;
+    }
+  }
+  std::vector<int64_t> node, start, end;
+  for (int64_t v = 0; v < n; ++v) {
+    const OpKind k = g.op_kind(v);
+    if (k == OpKind::kOutput || !(heavy_kind(k) || consumers[v] > 1 || to_output[v])) continue;
+    const bool param = k == OpKind::kParameter;
+    const int64_t first = param ? 0 : v;
+    int64_t last = std::max(first, last_use[v]);
+    if ((param && !donated[v]) || to_output[v]) last = n - 1;
+    node.push_back(v);
+    start.push_back(first);
+    end.push_back(last);
+  }
+  std::vector<size_t> order(node.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return start[a] < start[b]; });
+  MemoryModel m;
+  for (size_t i : order) {
+    m.node.push_back(node[i]);
+    m.start.push_back(start[i]);
+    m.end.push_back(end[i]);
+  }
+  m.points = maximal_points(m, n);
+  return m;
+}
+
+namespace {
+
+// Accumulates one row: coefficients per (group, strategy) in a dense scratch.
+struct RowBuilder {
+  const std::vector<NodeStrategies>& nodes;
+  const std::vector<int64_t>& node_group;
+  std::vector<int64_t> group_start;  // scratch offset of each group
+  std::vector<double> coeff;
+  std::vector<int64_t> touched;      // groups with entries in the current row
+
+  void add(int64_t v) {
+    const auto& list = nodes[v].list;
+    const int64_t g = node_group[v];
+    if (std::find(touched.begin(), touched.end(), g) == touched.end()) touched.push_back(g);
+    for (size_t k = 0; k < list.size(); ++k) coeff[group_start[g] + k] += list[k].memory;
+  }
+
+  // Emits the row with upper bound `budget` and clears the scratch.
+  IlpLinearRow take(double budget, int64_t point) {
+    IlpLinearRow row;
+    std::sort(touched.begin(), touched.end());
+    for (int64_t g : touched) {
+      for (int64_t k = 0; k < group_start[g + 1] - group_start[g]; ++k) {
+        double& c = coeff[group_start[g] + k];
+        if (c != 0.0) row.entries.push_back({g, k, c});
+        c = 0.0;
+      }
+    }
+    row.upper = budget;
+    row.name = "memory at node " + std::to_string(point);
+    touched.clear();
+    return row;
+  }
+};
+
+std::vector<int64_t> group_offsets(const std::vector<NodeStrategies>& nodes,
+                                   const std::vector<int64_t>& node_group) {
+  const int64_t G = node_group.empty() ? 0 : *std::max_element(node_group.begin(), node_group.end()) + 1;
+  std::vector<int64_t> size(G, 0), start(G + 1, 0);
+  for (size_t v = 0; v < nodes.size(); ++v) size[node_group[v]] = static_cast<int64_t>(nodes[v].list.size());
+  for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + size[g];
+  return start;
+}
+
+using RowKey = std::vector<std::tuple<int64_t, int64_t, double>>;
+
+}  // namespace
+
+std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                      const std::vector<int64_t>& node_group, double budget) {
+  RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}};
+  b.coeff.assign(b.group_start.back(), 0.0);
+  std::vector<IlpLinearRow> rows;
+  std::map<RowKey, size_t> seen;  // identical rows are merged
+  std::vector<size_t> active;
+  size_t next = 0;
+  for (int64_t t : m.points) {
+    while (next < m.start.size() && m.start[next] <= t) active.push_back(next++);
+    std::erase_if(active, [&](size_t i) { return m.end[i] < t; });
+    for (size_t i : active) b.add(m.node[i]);
+    IlpLinearRow row = b.take(budget, t);
+    RowKey key;
+    for (const IlpRowEntry& e : row.entries) key.emplace_back(e.group, e.strategy, e.coeff);
+    if (seen.emplace(std::move(key), rows.size()).second) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+PeakMemory peak_memory(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                       const std::vector<int64_t>& node_group,
+                       const std::vector<int64_t>& group_assignment) {
+  const auto n = static_cast<int64_t>(nodes.size());
+  std::vector<double> delta(n + 1, 0.0);
+  for (size_t i = 0; i < m.node.size(); ++i) {
+    const int64_t v = m.node[i], g = node_group[v];
+    if (g < 0 || g >= static_cast<int64_t>(group_assignment.size()) || group_assignment[g] < 0 ||
+        group_assignment[g] >= static_cast<int64_t>(nodes[v].list.size())) {
+      throw std::invalid_argument("assignment has no valid strategy for group " + std::to_string(g) +
+                                  " (node " + std::to_string(v) + ")");
+    }
+    const double bytes = nodes[v].list[group_assignment[g]].memory;
+    delta[m.start[i]] += bytes;
+    delta[m.end[i] + 1] -= bytes;
+  }
+  PeakMemory peak;
+  double live = 0.0;
+  for (int64_t t = 0; t < n && !m.node.empty(); ++t) {
+    live += delta[t];
+    if (live > peak.bytes || peak.at < 0) {
+      peak.bytes = live;
+      peak.at = t;
+    }
+  }
+  return peak;
+}
+
+}  // namespace alpa

@@ -1,0 +1,93 @@
+"""The pipeline plan a person reads: layers -> stages -> submeshes, predicted costs, the schedule."""
+from __future__ import annotations
+
+import dataclasses
+import io
+
+
+@dataclasses.dataclass
+class StageReport:
+    """One stage: layers [start, stop), its submesh, and the intra-op plans' predictions."""
+
+    index: int
+    layers: tuple
+    physical_shape: tuple
+    logical_shape: tuple
+    devices: tuple
+    predicted_fwd: float
+    predicted_bwd: float
+
+
+@dataclasses.dataclass
+class PipelinePlan:
+    """Attributes: stages (StageReport), num_layers, num_micro_batches, schedule name, ticks (per
+    clock tick the (stage, kind, micro) tasks run), apply_plan (the optimizer step's Plan), timings."""
+
+    stages: list
+    num_layers: int
+    num_micro_batches: int
+    schedule: str
+    ticks: list
+    apply_plan: object
+    timings: dict
+
+    @classmethod
+    def from_program(cls, program) -> "PipelinePlan":
+        stages = [StageReport(i, tuple(c.spec.layers), c.spec.physical_shape, c.spec.mesh.shape,
+                              tuple(d.id for d in c.spec.mesh.devices), c.fwd_plan.objective,
+                              c.bwd_plan.objective) for i, c in enumerate(program.stages)]
+        return cls(stages, len(program.layers), program.method.num_micro_batches,
+                   program.method.pipeline_schedule, program.ticks, program.apply_plan, program.timings)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def summary(self) -> str:
+        """A table: per stage its layers, submesh, devices and predicted forward/backward cost."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(file=io.StringIO(), width=130, record=True)
+        console.print(f"[bold]alpa_pass pipeline plan[/bold]: {self.num_layers} layers, {self.num_stages} stages, "
+                      f"{self.num_micro_batches} micro-batches, schedule {self.schedule} ({len(self.ticks)} ticks)")
+        console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()))
+        table = Table(title="stages")
+        for col in ("stage", "layers", "submesh", "logical mesh", "devices", "fwd cost", "bwd cost"):
+            table.add_column(col)
+        for s in self.stages:
+            table.add_row(str(s.index), f"{s.layers[0]}..{s.layers[-1]}", "x".join(map(str, s.physical_shape)),
+                          "x".join(map(str, s.logical_shape)), ",".join(map(str, s.devices)),
+                          f"{s.predicted_fwd:.4g}", f"{s.predicted_bwd:.4g}")
+        console.print(table)
+        return console.export_text()
+
+    def save_timeline(self, path: str) -> str:
+        """Write the schedule picture (a timeline per submesh) as a PNG; returns ``path``."""
+        return save_timeline(self, path)
+
+
+def save_timeline(plan: PipelinePlan, path: str) -> str:
+    """Draw the schedule as a PNG: one row per submesh, one box per forward/backward task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(plan.ticks)), 0.6 * plan.num_stages + 1.2))
+    for t, tick in enumerate(plan.ticks):
+        for task in tick:
+            color = "#4c72b0" if task.kind == "fwd" else "#dd8452"
+            ax.add_patch(plt.Rectangle((t, task.stage), 1, 0.9, color=color))
+            ax.text(t + 0.5, task.stage + 0.45, str(task.micro), ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlim(0, len(plan.ticks))
+    ax.set_ylim(plan.num_stages, 0)
+    ax.set_yticks([s + 0.45 for s in range(plan.num_stages)])
+    ax.set_yticklabels([f"stage {s.index}: {'x'.join(map(str, s.physical_shape))} dev "
+                        f"{s.devices[0]}-{s.devices[-1]}" for s in plan.stages])
+    ax.set_xlabel("tick (blue: forward, orange: backward; number: micro-batch)")
+    ax.set_title(f"{plan.schedule}: {plan.num_stages} stages x {plan.num_micro_batches} micro-batches")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,94 @@
+"""``ShardParallel(mesh="auto")``: plan every logical shape of the device count, keep the cheapest.
+
+The shapes of ``n`` devices (:func:`logical_shapes`) are the 2-axis shapes ``a x n/a`` for every
+divisor ``a`` (``1 x n`` first, ``n x 1`` included), then the 3-axis shapes whose factors are all
+> 1 (for 8: 1x8, 2x4, 4x2, 8x1, 2x2x2). The 1-axis mesh ``(n,)`` is left out: a size-1 axis adds no
+strategy and no cost, so ``(n,)`` plans exactly like ``1 x n`` and would only repeat its solve.
+
+For the same reason, shapes that are axis permutations of an earlier shape with the same
+(size, alpha, beta) per non-trivial axis — ``8x1`` of ``1x8``, ``4x2`` of ``2x4`` on the default
+uniform alpha/beta — pose the same ILP up to relabelling mesh axes: they are recorded with the
+earlier shape's objective (``"same_as"``) instead of being solved again. Ties keep the earlier shape.
+"""
+from __future__ import annotations
+
+import time
+
+from alpa_pass.errors import InfeasibleError, SolverError
+from alpa_pass.mesh import LogicalMesh
+
+_TIE_RTOL = 1e-9
+
+
+def logical_shapes(n: int) -> list[tuple[int, ...]]:
+    """The mesh shapes tried for ``n`` devices, in search order (see the module docstring)."""
+    if n < 1:
+        raise ValueError(f"need at least one device, got {n}")
+    divisors = [a for a in range(1, n + 1) if n % a == 0]
+    two = [(a, n // a) for a in divisors]
+    three = [(a, b, n // (a * b)) for a in divisors if a > 1 for b in divisors
+             if b > 1 and (n // a) % b == 0 and n // (a * b) > 1]
+    return two + three
+
+
+def candidate_meshes(n: int, devices=None) -> tuple[LogicalMesh, ...]:
+    """One default-cost LogicalMesh per logical shape of ``n`` devices (over ``devices`` if given)."""
+    return tuple(LogicalMesh(shape=s, devices=None if devices is None else tuple(devices))
+                 for s in logical_shapes(n))
+
+
+def search_meshes(meshes, plan_one):
+    """Plan each mesh with ``plan_one(mesh) -> Plan`` and return the cheapest plan.
+
+    The returned plan's ``mesh_search`` lists every mesh in order as {"shape", "objective",
+    "solve_s", "origin"} ("same_as": [shape] for a symmetric repeat, "error" for a mesh with no
+    feasible plan, whose objective is None) and its timings gain "mesh_search" (total seconds).
+    Raises the last InfeasibleError/SolverError when no mesh has a plan.
+    """
+    start = time.perf_counter()
+    best, tried, solved, error = None, [], {}, None
+    for mesh in meshes:
+        key = _symmetry_key(mesh)
+        if key in solved:
+            twin = solved[key]
+            tried.append({"shape": list(mesh.shape), "objective": twin["objective"], "solve_s": 0.0,
+                          "origin": twin["origin"], "same_as": twin["shape"]})
+            continue
+        t = time.perf_counter()
+        try:
+            plan = plan_one(mesh)
+        except (InfeasibleError, SolverError) as e:
+            error = e
+            solved[key] = {"shape": list(mesh.shape), "objective": None, "solve_s": time.perf_counter() - t,
+                           "origin": "solver", "error": str(e)}
+            tried.append(solved[key])
+            continue
+        solved[key] = {"shape": list(mesh.shape), "objective": plan.objective,
+                       "solve_s": float(plan.timings.get("solve", 0.0)), "origin": plan.origin}
+        tried.append(solved[key])
+        if best is None or plan.objective < best.objective - _TIE_RTOL * max(1.0, abs(best.objective)):
+            best = plan
+    if best is None:
+        raise error
+    best.mesh_search = tried
+    best.timings["mesh_search"] = time.perf_counter() - start
+    return best
+
+
+def search_summary(mesh_search: list, chosen: tuple | None = None) -> str:
+    """One line: each shape tried with its objective; ``chosen`` (a shape) is marked."""
+    parts = []
+    for e in mesh_search:
+        name = "x".join(map(str, e["shape"]))
+        if e.get("same_as"):
+            parts.append(f"{name} = {'x'.join(map(str, e['same_as']))}")
+        elif e["objective"] is None:
+            parts.append(f"{name} infeasible")
+        else:
+            mark = " (chosen)" if chosen is not None and tuple(e["shape"]) == tuple(chosen) else ""
+            parts.append(f"{name} {e['objective']:.6g}{mark}")
+    return "mesh search: " + ", ".join(parts)
+
+
+def _symmetry_key(mesh: LogicalMesh):
+    return tuple(sorted((s, a, b) for s, a, b in zip(mesh.shape, mesh.alpha, mesh.beta) if s > 1))

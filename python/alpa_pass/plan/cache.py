@@ -1,0 +1,90 @@
+"""The on-disk plan cache (``AutoShardingOption.plan_cache_dir``).
+
+One entry per (function signature fingerprint, mesh, planning options, alpa_pass and jax versions):
+the plan's JSON in ``<dir>/<key>.json``, where ``key`` hashes those. A second process planning the
+same step on the same mesh with the same options reads the entry instead of solving. An entry that
+cannot be read, is not a plan, or was made for something else (a foreign or hand-edited file) is
+reported with a warning and planned again (the new plan overwrites it). Entries are written
+atomically, so concurrent processes never read half a file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+
+from alpa_pass.errors import PlanMismatchError
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.plan import serialize
+
+log = logging.getLogger("alpa_pass")
+
+
+def cache_key(fingerprint: str, mesh: LogicalMesh, option) -> str:
+    """Hex name of the cache entry for this signature, mesh and planning options."""
+    blob = json.dumps({"format_version": serialize.FORMAT_VERSION, "versions": serialize.versions(),
+                       "fingerprint": fingerprint, "mesh": serialize.mesh_to_dict(mesh),
+                       "options": serialize.planning_options(option)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+def entry_path(cache_dir, fingerprint: str, mesh: LogicalMesh, option) -> str:
+    return os.path.join(os.fspath(cache_dir), cache_key(fingerprint, mesh, option) + ".json")
+
+
+def load_cached(cache_dir, fingerprint: str, mesh: LogicalMesh, option, num_nodes: int):
+    """The cached Plan for this signature/mesh/options, or None (no entry, or a bad one: warned).
+
+    The returned plan's ``mesh`` is ``mesh`` (with its devices) and ``origin`` is "cache".
+    """
+    path = entry_path(cache_dir, fingerprint, mesh, option)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("alpa_pass: cannot read plan cache entry %s (%s); planning again", path, e)
+        return None
+    try:
+        plan = serialize.plan_from_json(text)
+        serialize.check_applicable(plan, fingerprint=fingerprint, mesh=mesh, num_nodes=num_nodes)
+        options = serialize.planning_options(option)
+        if json.loads(json.dumps(options, default=str)) != plan.made_with.get("options"):
+            raise PlanMismatchError(f"it was planned with options {plan.made_with.get('options')}, "
+                                    f"not {options}")
+    except PlanMismatchError as e:
+        log.warning("alpa_pass: ignoring plan cache entry %s (corrupt or made for something else: %s); "
+                    "planning again and overwriting it", path, e)
+        return None
+    plan.mesh, plan.origin = mesh, "cache"
+    return plan
+
+
+def store_cached(cache_dir, plan, option) -> str | None:
+    """Write ``plan`` (planned with ``option``) as the entry for its fingerprint/mesh/options;
+    returns the path, or None when the directory is not writable (warned: planning succeeded)."""
+    path = entry_path(cache_dir, plan.fingerprint, plan.mesh, option)
+    try:
+        os.makedirs(os.fspath(cache_dir), exist_ok=True)
+        write_atomic(path, plan.to_json())
+    except OSError as e:
+        log.warning("alpa_pass: cannot write plan cache entry %s (%s); the plan is not cached", path, e)
+        return None
+    return path
+
+
+def write_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory + ``os.replace``."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

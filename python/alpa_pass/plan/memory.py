@@ -1,0 +1,67 @@
+"""Memory-aware planning: which argument leaves are donated, and the solve that turns a memory
+budget no plan meets into an ``InfeasibleError`` naming the smallest budget that is feasible.
+
+The memory model itself (which values XLA materialises, their live ranges, the budget rows) lives
+in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+
+from alpa_pass.errors import InfeasibleError, SolverError
+from alpa_pass.solve.highs import Solution, SolveOptions, solve_ilp
+
+
+def donated_leaves(args, donate_argnums) -> list[int]:
+    """Flat indices into ``jax.tree.leaves(args)`` of the leaves of the positional arguments in
+    ``donate_argnums`` (what the C++ core calls ``donated_args``)."""
+    donate = set(donate_argnums)
+    out, offset = [], 0
+    for i, arg in enumerate(args):
+        n = len(jax.tree.leaves(arg))
+        if i in donate:
+            out.extend(range(offset, offset + n))
+        offset += n
+    return out
+
+
+def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
+    """Solve ``problem.ilp`` (a ``_core.ShardingProblem``, memory rows included when ``budget``).
+
+    Raises:
+      InfeasibleError: no plan fits ``budget``; the message names the smallest budget the planner
+        estimates feasible (the optimum of ``_core.min_max_row_problem``) in GiB and bytes.
+      SolverError / InfeasibleError from ``solve_ilp`` when the budget is not the cause.
+    """
+    try:
+        return solve_ilp(problem.ilp, options)
+    except (InfeasibleError, SolverError) as e:
+        if budget is None or problem.num_memory_rows == 0:
+            raise
+        smallest = smallest_feasible_peak(problem, options)
+        if smallest is None or (isinstance(e, SolverError) and smallest <= budget):
+            raise
+        raise InfeasibleError(
+            f"no sharding plan on mesh {where} keeps the per-device peak memory under "
+            f"memory_budget_per_device = {_gib(budget)} GiB ({int(budget)} bytes); the smallest budget "
+            f"the planner estimates feasible is {_gib(smallest)} GiB ({math.ceil(smallest)} bytes); "
+            f"raise memory_budget_per_device or use more devices") from e
+
+
+def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
+    """The least per-device peak any plan of ``problem`` reaches (None if no plan exists at all,
+    e.g. contradictory ties). Solves "minimise M, every memory row <= M" (same one-hot and tie
+    constraints, no costs); within the solver's gap of the optimum."""
+    from alpa_pass import _core
+
+    try:
+        solution = solve_ilp(_core.min_max_row_problem(problem.ilp), options)
+    except (InfeasibleError, SolverError):
+        return None
+    return float(problem.predicted_peak(solution.assignment)[0])
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.4g}"

@@ -1,0 +1,190 @@
+"""Plans as JSON, and the checks that a saved plan fits the function and mesh it is applied to.
+
+A plan file is one JSON object, one top-level key per line (the large per-node arrays last):
+
+* header: ``format``, ``format_version``;
+* ``mesh``: shape, axis names, alpha, beta (never devices: a plan is applied to any devices);
+* ``input_specs`` / ``output_specs``: one ``PartitionSpec`` per leaf as a list of entries
+  (``null`` = replicated dim, ``"x"`` = split over axis x, ``["x", "y"]`` = over x then y);
+* every other plain-data field of :class:`~alpa_pass.plan.plan.Plan` under its own name
+  (``fingerprint``, ``made_with`` = alpa_pass and jax versions and planning options, ``objective``, ``predicted``, ``ilp_size``, ``timings``,
+  ``mesh_search``, ``node_specs``, ``operand_specs``, ...);
+* ``choices``: per graph node, columns kind/label/shape/dtype_bytes/strategy/cost (the rows of
+  ``Plan.summary()``; their ``PartitionSpec`` is rebuilt from ``node_specs``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+
+from alpa_pass.errors import PlanMismatchError
+from alpa_pass.mesh import LogicalMesh
+
+FORMAT = "alpa_pass.plan"
+FORMAT_VERSION = 1
+
+# Options that change what is planned are recorded (and key the cache); these only change how a
+# plan is shown, emitted or looked up.
+_NOT_PLANNING_OPTIONS = frozenset({"solver_log", "emit", "plan_cache_dir", "show_progress"})
+# Plan fields stored in their own form (everything else must be JSON-native data).
+_SPECIAL_FIELDS = frozenset({"mesh", "choices", "input_specs", "output_specs", "emit_report"})
+_CHOICE_COLUMNS = ("kind", "label", "shape", "dtype_bytes", "strategy", "cost")
+
+
+def versions() -> dict:
+    """{"alpa_pass": version, "jax": version} of this process."""
+    import jax
+
+    import alpa_pass
+
+    return {"alpa_pass": alpa_pass.__version__, "jax": jax.__version__}
+
+
+def planning_options(option) -> dict:
+    """The fields of an ``AutoShardingOption`` that change the plan, as a JSON-ready dict."""
+    return {f.name: getattr(option, f.name) for f in dataclasses.fields(option)
+            if f.name not in _NOT_PLANNING_OPTIONS}
+
+
+def made_with(option) -> dict:
+    """``Plan.made_with`` of a plan solved now with ``option``: versions and planning options."""
+    return {**versions(), "options": planning_options(option)}
+
+
+def fingerprint(module_text: str, arg_avals, num_nodes: int) -> str:
+    """Identity of a function signature as the planner sees it (stable across processes).
+
+    Args:
+      module_text: the first (unsharded) lowering's StableHLO without debug locations.
+      arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s or avals).
+      num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
+    """
+    h = hashlib.sha256(module_text.encode())
+    for a in arg_avals:
+        h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
+    h.update(f"|nodes={int(num_nodes)}".encode())
+    return h.hexdigest()
+
+
+def mesh_to_dict(mesh: LogicalMesh) -> dict:
+    return {"shape": list(mesh.shape), "axis_names": list(mesh.axis_names),
+            "alpha": list(mesh.alpha), "beta": list(mesh.beta)}
+
+
+def mesh_differences(saved: LogicalMesh, mesh: LogicalMesh) -> list[str]:
+    """What differs between two meshes' shape, axis names, alpha and beta (devices ignored)."""
+    a, b = mesh_to_dict(saved), mesh_to_dict(mesh)
+    return [f"{k} {a[k]} (plan) vs {b[k]} (mesh)" for k in a if a[k] != b[k]]
+
+
+def plan_to_dict(plan) -> dict:
+    """The JSON-ready dict of a Plan (see the module docstring for the layout)."""
+    from alpa_pass.plan.plan import Plan
+
+    out = {"format": FORMAT, "format_version": FORMAT_VERSION, "mesh": mesh_to_dict(plan.mesh),
+           "input_specs": [_spec_entries(s) for s in plan.input_specs],
+           "output_specs": [_spec_entries(s) for s in plan.output_specs]}
+    for f in dataclasses.fields(Plan):
+        if f.name not in _SPECIAL_FIELDS:
+            out[f.name] = getattr(plan, f.name)
+    out["choices"] = {"kind": [c.kind for c in plan.choices], "label": [c.label for c in plan.choices],
+                      "shape": [list(c.shape) for c in plan.choices],
+                      "dtype_bytes": [c.dtype_bytes for c in plan.choices],
+                      "strategy": [c.strategy for c in plan.choices], "cost": [c.cost for c in plan.choices]}
+    return out
+
+
+def plan_to_json(plan) -> str:
+    """JSON text of a Plan: valid JSON with one top-level key per line (diff- and grep-friendly)."""
+    d = plan_to_dict(plan)
+    lines = [f" {json.dumps(k)}: {json.dumps(v, default=_json_default)}" for k, v in d.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def plan_from_json(text: str):
+    """Parse a plan file's text. Raises PlanMismatchError for text that is not a plan this
+    alpa_pass can read (not JSON, another format or format version, missing fields)."""
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PlanMismatchError(f"not an alpa_pass plan (invalid JSON: {e}); re-plan and save it again") from e
+    return plan_from_dict(d)
+
+
+def plan_from_dict(d) -> object:
+    """Rebuild a Plan from :func:`plan_to_dict`'s dict (validates format and fields)."""
+    from alpa_pass.plan.plan import NodeChoice, Plan
+
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise PlanMismatchError("not an alpa_pass plan (no 'format': 'alpa_pass.plan' header); "
+                                "save plans with Plan.to_json() or Plan.save()")
+    if d.get("format_version") != FORMAT_VERSION:
+        raise PlanMismatchError(f"plan file format version {d.get('format_version')} but this alpa_pass "
+                                f"reads version {FORMAT_VERSION}; re-plan with this alpa_pass and save again")
+    try:
+        mesh = LogicalMesh(shape=tuple(d["mesh"]["shape"]), alpha=tuple(d["mesh"]["alpha"]),
+                           beta=tuple(d["mesh"]["beta"]), axis_names=tuple(d["mesh"]["axis_names"]))
+        fields = {f.name: d[f.name] for f in dataclasses.fields(Plan)
+                  if f.name not in _SPECIAL_FIELDS and (f.name in d or _required(f))}
+        cols = d["choices"]
+        rows = zip(*(cols[c] for c in _CHOICE_COLUMNS))
+        choices = [NodeChoice(node=v, kind=kind, label=label, shape=tuple(shape), dtype_bytes=int(nbytes),
+                              spec=mesh.spec_to_partition_spec(fields["node_specs"][v], len(shape)),
+                              strategy=strategy, cost=float(cost))
+                   for v, (kind, label, shape, nbytes, strategy, cost) in enumerate(rows)]
+        input_specs = [_partition_spec(e) for e in d["input_specs"]]
+        output_specs = [_partition_spec(e) for e in d["output_specs"]]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise PlanMismatchError(f"alpa_pass plan file is incomplete or corrupt ({type(e).__name__}: {e}); "
+                                f"re-plan and save it again") from e
+    if len(choices) != len(fields["node_specs"]) or len(fields["operand_specs"]) != len(choices):
+        raise PlanMismatchError(f"alpa_pass plan file is corrupt: {len(choices)} choices, "
+                                f"{len(fields['node_specs'])} node specs, {len(fields['operand_specs'])} "
+                                f"operand specs; re-plan and save it again")
+    return Plan(mesh=mesh, choices=choices, input_specs=input_specs, output_specs=output_specs, **fields)
+
+
+def check_applicable(plan, *, fingerprint: str, mesh: LogicalMesh, num_nodes: int) -> None:
+    """Raise PlanMismatchError (saying what differs) unless ``plan`` was made by this jax for this
+    function signature (``fingerprint``) and this mesh (shape, axis names, alpha, beta)."""
+    here = versions()
+    if plan.made_with.get("jax") != here["jax"]:
+        raise PlanMismatchError(f"the saved plan was made with jax {plan.made_with.get('jax')} but this is "
+                                f"jax {here['jax']}; lowerings differ between versions, so re-plan "
+                                f"(drop ShardParallel(plan=...)) and save the new plan")
+    if plan.fingerprint != fingerprint or len(plan.node_specs) != num_nodes:
+        raise PlanMismatchError(f"the saved plan was made for another function signature (fingerprint "
+                                f"{plan.fingerprint[:12]}, {len(plan.node_specs)} ops) than this one "
+                                f"({fingerprint[:12]}, {num_nodes} ops): the code, argument shapes/dtypes "
+                                f"or jax settings changed; re-plan (drop ShardParallel(plan=...)) and save it")
+    diff = mesh_differences(plan.mesh, mesh)
+    if diff:
+        raise PlanMismatchError(f"the saved plan was made for another mesh: {'; '.join(diff)}; pass the "
+                                f"plan's mesh (or mesh=None) or re-plan for this mesh")
+
+
+def _required(field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def _spec_entries(spec) -> list:
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
+
+
+def _partition_spec(entries):
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries])
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, tuple):
+        return list(x)
+    raise TypeError(f"plan field value {x!r} ({type(x).__name__}) is not JSON data")

@@ -1,0 +1,73 @@
+"""``ShardParallel(mesh="auto")``: every logical shape of the 8 devices is planned, the cheapest kept."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from tests.models import default_optimizer, init_state, mlp
+
+SHAPES = [[1, 8], [2, 4], [4, 2], [8, 1], [2, 2, 2]]
+
+
+def _mlp_args(config):
+    state = init_state(mlp.init(jax.random.key(0), config), default_optimizer())
+    return state, mlp.make_batch(jax.random.key(1), config)
+
+
+def _plan(step_fn, args, mesh, option=ap.AutoShardingOption()):
+    return ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, option=option)).plan(*args)
+
+
+@pytest.fixture(scope="module")
+def mlp_auto():
+    config = mlp.Config(num_layers=2, hidden=256, batch=16)
+    step_fn, args = mlp.make_train_step(default_optimizer()), _mlp_args(config)
+    exe = ap.parallelize(step_fn, method=ap.ShardParallel(mesh="auto")).get_executable(*args)
+    return step_fn, args, exe
+
+
+def test_auto_keeps_the_cheapest_shape_and_records_all(mlp_auto):
+    _, _, exe = mlp_auto
+    plan = exe.plan
+    search = plan.mesh_search
+    assert [e["shape"] for e in search] == SHAPES
+    objectives = [e["objective"] for e in search]
+    assert plan.objective == min(objectives)
+    first_best = SHAPES[objectives.index(min(objectives))]
+    assert list(plan.mesh.shape) == first_best
+    assert [e.get("same_as") for e in search] == [None, None, [2, 4], [1, 8], None]
+    assert all(e["solve_s"] > 0 for e in search if not e.get("same_as"))
+    assert "mesh_search" in plan.timings and "mesh search: 1x8" in plan.summary()
+    assert exe.input_shardings[0].mesh.devices.shape == plan.mesh.shape
+
+
+def test_search_objectives_match_plans_made_for_each_shape(mlp_auto):
+    """Each shape's recorded objective is what planning that mesh alone gives; the permuted shapes
+    the search does not solve (4x2, 8x1) really pose the same ILP as 2x4 and 1x8."""
+    step_fn, args, exe = mlp_auto
+    for entry in exe.plan.mesh_search:
+        alone = _plan(step_fn, args, ap.LogicalMesh(shape=tuple(entry["shape"])))
+        assert alone.objective == pytest.approx(entry["objective"], rel=1e-6), entry["shape"]
+
+
+def test_auto_executable_computes_the_step(mlp_auto):
+    step_fn, args, exe = mlp_auto
+    (state, loss), (ref_state, ref_loss) = exe(*args), jax.jit(step_fn)(*args)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_search_reads_every_shape_from_the_cache(mlp_auto, tmp_path):
+    step_fn, args, exe = mlp_auto
+    option = ap.AutoShardingOption(plan_cache_dir=str(tmp_path))
+    first = _plan(step_fn, args, "auto", option)
+    assert [e["origin"] for e in first.mesh_search] == ["solver"] * 5
+    assert len(list(tmp_path.iterdir())) == 3  # 1x8, 2x4, 2x2x2 (the permutations are not solved)
+    second = _plan(step_fn, args, "auto", option)
+    assert [e["origin"] for e in second.mesh_search] == ["cache"] * 5
+    assert second.mesh.shape == first.mesh.shape == exe.plan.mesh.shape
+    assert second.node_specs == first.node_specs
+    assert [e["objective"] for e in second.mesh_search] == [e["objective"] for e in first.mesh_search]

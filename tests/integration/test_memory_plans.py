@@ -1,0 +1,114 @@
+"""Memory-aware plans (AutoShardingOption.memory_budget_per_device): the predicted per-device peak
+against XLA's memory_analysis(), infeasible budgets, and the replicated -> sharded trade-off."""
+from __future__ import annotations
+
+import re
+
+import jax
+import pytest
+
+import alpa_pass as ap
+from alpa_pass.errors import InfeasibleError
+from tests.models import default_optimizer, gpt, init_state, mlp
+
+GPT = gpt.Config(layers=2, hidden=64, vocab=256, seq=32)
+
+
+def _step_and_args(model, config):
+    optimizer = default_optimizer()
+    state = init_state(model.init(jax.random.key(0), config), optimizer)
+    batch = model.make_batch(jax.random.key(1), config)
+    step = model.make_train_step(optimizer) if model is mlp else model.make_train_step(optimizer, config)
+    return step, state, batch
+
+
+def _parallel(step, shape, budget=None, donate=True):
+    option = ap.AutoShardingOption(memory_budget_per_device=budget)
+    return ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape), option=option),
+                          donate_argnums=(0,) if donate else ())
+
+
+def _xla_peak(exe) -> int:
+    """Per-device bytes XLA allocates: arguments + outputs + temporaries - donated (aliased) outputs."""
+    m = exe.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+def _communication(plan) -> float:
+    return plan.predicted["communication"] + plan.predicted["resharding"]
+
+
+def _split_param_fraction(plan, params) -> float:
+    """Fraction of parameter elements whose planned layout splits some dim."""
+    leaves = jax.tree.leaves(params)
+    specs = plan.input_specs[:len(leaves)]
+    split = sum(x.size for x, s in zip(leaves, specs) if any(e is not None for e in s))
+    return split / sum(x.size for x in leaves)
+
+
+@pytest.mark.parametrize("model,config,shape,donate", [
+    pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), True, id="mlp-2x4-donated"),
+    pytest.param(mlp, mlp.Config(num_layers=6, hidden=256, batch=32), (1, 4), False, id="mlp-1x4"),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), True, id="gpt-2x4-donated"),
+    pytest.param(gpt, GPT, (1, 8), False, id="gpt-1x8"),
+])
+def test_predicted_peak_within_20_percent_of_xla(model, config, shape, donate):
+    step, state, batch = _step_and_args(model, config)
+    exe = _parallel(step, shape, donate=donate).get_executable(state, batch)
+    predicted, xla = exe.plan.predicted_peak_bytes, _xla_peak(exe)
+    assert exe.plan.predicted["peak_bytes"] == predicted
+    assert 0.8 * xla <= predicted <= 1.2 * xla, f"predicted peak {predicted} vs XLA {xla} ({predicted / xla:.3f}x)"
+    assert "predicted peak memory per device" in exe.plan.summary()
+
+
+@pytest.fixture(scope="module")
+def gpt_free():
+    step, state, batch = _step_and_args(gpt, GPT)
+    return step, state, batch, _parallel(step, (1, 8)).plan(state, batch)
+
+
+def test_tightening_the_budget_shards_parameters(gpt_free):
+    step, state, batch, free = gpt_free
+    assert _split_param_fraction(free, state[0]) == 0.0, "the unconstrained GPT plan should replicate parameters"
+    plans = [free]
+    for fraction in (0.7, 0.5):
+        budget = int(free.predicted_peak_bytes * fraction)
+        plan = _parallel(step, (1, 8), budget).plan(state, batch)
+        assert plan.predicted_peak_bytes <= budget
+        assert plan.ilp_size["memory_rows"] > 0
+        plans.append(plan)
+    peaks = [p.predicted_peak_bytes for p in plans]
+    comms = [_communication(p) for p in plans]
+    splits = [_split_param_fraction(p, state[0]) for p in plans]
+    assert peaks[0] > peaks[1] > peaks[2], peaks
+    assert comms[0] < comms[1] < comms[2], comms
+    assert splits[0] < splits[1] < splits[2], splits
+
+
+def test_budgeted_plan_compiles_and_xla_agrees(gpt_free):
+    step, state, batch, free = gpt_free
+    budget = int(free.predicted_peak_bytes * 0.6)
+    exe = _parallel(step, (1, 8), budget).get_executable(state, batch)
+    predicted, xla = exe.plan.predicted_peak_bytes, _xla_peak(exe)
+    assert predicted <= budget
+    assert 0.8 * xla <= predicted <= 1.2 * xla, f"predicted peak {predicted} vs XLA {xla} ({predicted / xla:.3f}x)"
+
+
+def test_infeasible_budget_names_the_smallest_feasible_one(gpt_free):
+    step, state, batch, free = gpt_free
+    budget = int(free.predicted_peak_bytes * 0.2)
+    with pytest.raises(InfeasibleError, match="smallest budget the planner estimates feasible") as info:
+        _parallel(step, (1, 8), budget).plan(state, batch)
+    message = str(info.value)
+    assert "memory_budget_per_device" in message and "GiB" in message and "more devices" in message
+    smallest = int(re.search(r"estimates feasible is [\d.e+-]+ GiB \((\d+) bytes\)", message).group(1))
+    assert budget < smallest < free.predicted_peak_bytes
+    plan = _parallel(step, (1, 8), smallest).plan(state, batch)  # the named budget is feasible
+    assert plan.predicted_peak_bytes <= smallest
+    with pytest.raises(InfeasibleError):
+        _parallel(step, (1, 8), int(smallest * 0.97)).plan(state, batch)
+
+
+def test_budget_must_be_positive():
+    with pytest.raises(ValueError, match="memory_budget_per_device"):
+        ap.AutoShardingOption(memory_budget_per_device=0)

@@ -1,0 +1,189 @@
+"""Memory model of the C++ core (cpp/src/memory.cc): liveness of materialised values, maximal
+live sets as ILP rows, the peak of an assignment, and budgeted ILPs against brute force."""
+import itertools
+
+import numpy as np
+import pytest
+
+from alpa_pass import _core
+from alpa_pass.errors import InfeasibleError
+from alpa_pass.extract.graph import GraphBuilder, OpKind
+from alpa_pass.plan.memory import solve_within_budget
+from alpa_pass.solve.highs import SolveOptions, solve_ilp
+
+MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+F32 = 4
+
+
+def core_graph(b: GraphBuilder):
+    g = b.build()
+    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
+                       g.operand_ids, g.attr_offsets, g.attrs)
+
+
+def options(budget=0.0):
+    opts = _core.CoreOptions()
+    opts.memory_cost_per_byte = 0.0
+    opts.memory_budget_per_device = budget
+    return opts
+
+
+def mlp():
+    """x, w1 -> d1 = dot -> relu (one consumer: fused) ; w2 -> d2 = dot -> output."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [32, 64], F32, attrs=[0])
+    w1 = b.add(OpKind.PARAMETER, [64, 128], F32, attrs=[1])
+    d1 = b.add(OpKind.DOT, [32, 128], F32, [x, w1], [0, 1, 1, 0])
+    relu = b.add(OpKind.ELEMENTWISE, [32, 128], F32, [d1])
+    w2 = b.add(OpKind.PARAMETER, [128, 64], F32, attrs=[2])
+    d2 = b.add(OpKind.DOT, [32, 64], F32, [relu, w2], [0, 1, 1, 0])
+    b.add(OpKind.OUTPUT, [32, 64], F32, [d2], [0])
+    return b
+
+
+def ranges(prob):
+    return {int(v): (int(s), int(e)) for v, s, e in zip(prob.live_nodes, prob.live_start, prob.live_end)}
+
+
+def test_liveness_counts_materialised_values_only():
+    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    # relu (node 3) has one consumer and is fused; the output (6) aliases d2.
+    assert ranges(prob) == {0: (0, 6), 1: (0, 6), 4: (0, 6), 2: (2, 3), 5: (5, 6)}
+    assert list(prob.memory_points) == [2, 5]  # the live set at 0 is contained in the one at 2
+    assert prob.num_memory_rows == 0 and prob.ilp.num_linear_rows == 0  # no budget, no rows
+
+
+def test_donated_parameters_die_at_their_last_use():
+    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [], donated_args=[0, 2])
+    r = ranges(prob)
+    assert r[0] == (0, 2) and r[4] == (0, 5) and r[1] == (0, 6)
+    with pytest.raises(ValueError, match="donated argument 7"):
+        _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [], donated_args=[7])
+
+
+def test_multi_consumer_and_output_values_count():
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [8, 8], F32, attrs=[0])
+    e1 = b.add(OpKind.ELEMENTWISE, [8, 8], F32, [x])          # two consumers -> counted
+    e2 = b.add(OpKind.ELEMENTWISE, [8, 8], F32, [e1, e1])     # one distinct consumer -> fused
+    e3 = b.add(OpKind.ELEMENTWISE, [8, 8], F32, [e1, e2])     # read by an output -> counted
+    b.add(OpKind.OUTPUT, [8, 8], F32, [e3], [0])
+    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    assert ranges(prob) == {x: (0, 4), e1: (1, 3), e3: (3, 4)}
+
+
+def row_activity(ilp, rows, x):
+    """Activity of the given matrix rows at column vector x (from the CSC arrays)."""
+    act = np.zeros(ilp.num_rows)
+    for c in range(ilp.num_cols):
+        for k in range(ilp.a_start[c], ilp.a_start[c + 1]):
+            act[ilp.a_index[k]] += ilp.a_value[k] * x[c]
+    return act[rows]
+
+
+def s_columns(ilp, assignment):
+    x = np.zeros(ilp.num_cols)
+    x[ilp.group_var_start[:-1] + assignment] = 1.0
+    return x
+
+
+def reference_peak(prob, assignment, num_nodes):
+    """Peak by the definition: sum of the chosen strategy's memory of every value live at t."""
+    offsets, group, memory = prob.strategy_offsets, prob.node_group, prob.memory
+    live = np.zeros(num_nodes)
+    for v, (s, e) in ranges(prob).items():
+        live[s:e + 1] += memory[offsets[v] + assignment[group[v]]]
+    return live.max()
+
+
+def all_assignments(ilp):
+    sizes = np.diff(ilp.group_var_start)
+    return [np.array(a, dtype=np.int64) for a in itertools.product(*[range(n) for n in sizes])]
+
+
+def test_memory_rows_bound_the_peak_of_every_assignment():
+    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(budget=1e9), [], [0])
+    ilp = prob.ilp
+    assert prob.num_memory_rows == ilp.num_linear_rows == 2
+    rows = np.arange(ilp.linear_row_start, ilp.num_rows)
+    assert np.all(np.isinf(ilp.row_lower[rows])) and np.all(ilp.row_upper[rows] == 1e9)
+    for a in all_assignments(ilp):
+        peak, at = prob.predicted_peak(a)
+        assert peak == pytest.approx(reference_peak(prob, a, 7))
+        acts = row_activity(ilp, rows, s_columns(ilp, a))
+        assert peak == pytest.approx(acts.max()), "the peak is reached at a maximal live set"
+        assert at in {2, 5}
+
+
+def test_budget_plans_match_brute_force():
+    free = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    assignments = all_assignments(free.ilp)
+    peaks = [free.predicted_peak(a)[0] for a in assignments]
+    cheapest = min(assignments, key=lambda a: _core.evaluate(free.ilp, a).objective)
+    assert free.predicted_peak(cheapest)[0] > sorted(set(peaks))[1], "the budgets below must bind"
+    for budget in sorted(set(peaks))[1::2]:
+        prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(budget), [])
+        feasible = [a for a, p in zip(assignments, peaks) if p <= budget]
+        best = min(_core.evaluate(prob.ilp, a).objective for a in feasible)
+        sol = solve_ilp(prob.ilp, SolveOptions(rel_gap=0.0))
+        assert sol.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
+        assert prob.predicted_peak(sol.assignment)[0] <= budget
+        assert not _core.evaluate(prob.ilp, sol.assignment).violations
+
+
+def test_infeasible_budget_names_the_least_peak():
+    free = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
+    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(least - 1), [])
+    with pytest.raises(InfeasibleError, match=rf"feasible is [\d.e+-]+ GiB \({int(least)} bytes\)"):
+        solve_within_budget(prob, least - 1, SolveOptions(), "1x4")
+    ok = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(least), [])
+    assert solve_within_budget(ok, least, SolveOptions(), "1x4").assignment is not None
+
+
+def chain_with_rows(upper):
+    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
+    edges = [(0, 1, np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 1.0]]))]
+    rows = [(np.array([0, 0, 1, 1]), np.array([0, 1, 0, 2]), np.array([10.0, 4.0, 6.0, 1.0]), -np.inf, upper)]
+    return _core.build_ilp(groups, edges, rows=rows)
+
+
+def test_linear_rows_in_build_and_evaluate():
+    ilp = chain_with_rows(12.0)
+    assert ilp.num_linear_rows == 1 and ilp.linear_row_start == ilp.num_rows - 1
+    r = ilp.linear_row_start
+    assert ilp.row_upper[r] == 12.0 and np.isinf(ilp.row_lower[r])
+    assert _core.evaluate(ilp, np.array([1, 0])).violations == []           # 4 + 6 = 10
+    bad = _core.evaluate(ilp, np.array([0, 0])).violations                   # 10 + 6 = 16
+    assert len(bad) == 1 and "linear row 0 = 16" in bad[0]
+    x = s_columns(ilp, np.array([0, 0]))
+    x[ilp.group_var_start[-1] + 0] = 1.0  # e[0][0]
+    assert any("(linear row 0)" in v for v in _core.evaluate_columns(ilp, x).violations)
+    sol = solve_ilp(ilp, SolveOptions(rel_gap=0.0))
+    best = min((_core.evaluate(ilp, a).objective, tuple(a)) for a in all_assignments(ilp)
+               if not _core.evaluate(ilp, a).violations)
+    assert sol.objective == pytest.approx(best[0])
+
+
+def test_min_max_row_problem_finds_the_least_row_maximum():
+    ilp = chain_with_rows(12.0)
+    q = _core.min_max_row_problem(ilp)
+    assert q.num_cols == ilp.num_cols + 1 and q.col_cost[-1] == 1.0 and np.all(q.col_cost[:-1] == 0)
+    sol = solve_ilp(q, SolveOptions(rel_gap=0.0))
+    row = ilp.linear_row_start
+    least = min(row_activity(ilp, [row], s_columns(ilp, a))[0] for a in all_assignments(ilp))
+    assert sol.x[-1] == pytest.approx(least)  # 4 + 1 (group 0 picks 1, group 1 picks 2)
+    with pytest.raises(ValueError, match="linear rows"):
+        _core.min_max_row_problem(_core.build_ilp([np.array([1.0])], []))
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([(np.array([0, 0]), np.array([1, 1]), np.array([1.0, 2.0]), -np.inf, 1.0)], "twice"),
+    ([(np.array([2]), np.array([0]), np.array([1.0]), -np.inf, 1.0)], "group 2"),
+    ([(np.array([0]), np.array([5]), np.array([1.0]), -np.inf, 1.0)], "out of range"),
+    ([(np.array([0]), np.array([0]), np.array([1.0]), 2.0, 1.0)], "bounds"),
+    ([(np.array([0]), np.array([0, 1]), np.array([1.0]), 0.0, 1.0)], "differ in length"),
+])
+def test_bad_linear_rows_are_rejected(rows, match):
+    with pytest.raises(ValueError, match=match):
+        _core.build_ilp([np.array([1.0, 2.0]), np.array([0.0, 1.0])], [], rows=rows)

@@ -1,0 +1,209 @@
+"""Plan JSON round trip and validation, cache entries, mesh-shape search logic, progress display."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import alpa_pass as ap
+from alpa_pass.plan import auto_mesh, cache, serialize
+from alpa_pass.plan.progress import PlanningProgress, planning_progress
+from tests.models import default_optimizer, init_state, mlp
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _mlp_args(config=mlp.Config(num_layers=2, hidden=32, batch=16)):
+    state = init_state(mlp.init(jax.random.key(0), config), default_optimizer())
+    return _abstract((state, mlp.make_batch(jax.random.key(1), config)))
+
+
+@pytest.fixture(scope="module")
+def plan():
+    step = ap.parallelize(mlp.make_train_step(default_optimizer()),
+                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4), beta=(1.0, 0.5))))
+    return step.plan(*_mlp_args())
+
+
+def test_json_round_trip_keeps_everything_emission_and_summary_need(plan):
+    text = plan.to_json()
+    d = json.loads(text)
+    assert len(text.splitlines()) == len(d) + 2  # braces + one top-level key per line
+    assert d["format"] == "alpa_pass.plan" and d["format_version"] == serialize.FORMAT_VERSION
+    assert d["mesh"] == {"shape": [2, 4], "axis_names": ["x", "y"], "alpha": [1.0, 1.0], "beta": [1.0, 0.5]}
+    assert d["made_with"]["jax"] == jax.__version__ and d["made_with"]["alpa_pass"] == ap.__version__
+    assert d["made_with"]["options"]["solver_rel_gap"] == 1e-4 and "emit" not in d["made_with"]["options"]
+    assert len(d["fingerprint"]) == 64 and d["origin"] == "solver"
+
+    back = ap.Plan.from_json(text)
+    assert back.mesh == plan.mesh
+    for name in ("objective", "predicted", "node_specs", "operand_specs", "input_specs", "output_specs",
+                 "ilp_size", "solve_time_s", "solver_status", "mip_gap", "timings", "fallbacks",
+                 "fingerprint", "made_with", "origin", "mesh_search"):
+        assert getattr(back, name) == getattr(plan, name), name
+    assert [vars(c) for c in back.choices] == [vars(c) for c in plan.choices]
+    assert back.summary() == plan.summary()
+    assert back.to_json() == text
+
+
+def test_multi_axis_spec_entries_round_trip(plan):
+    d = serialize.plan_to_dict(plan)
+    d["input_specs"][0] = [["x", "y"], None]
+    back = serialize.plan_from_dict(json.loads(json.dumps(d)))
+    assert back.input_specs[0] == P(("x", "y"), None)
+
+
+def test_save_and_load_a_file(plan, tmp_path):
+    path = tmp_path / "sub" / "plan.json"
+    path.parent.mkdir()
+    plan.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["plan.json"]  # no temporary file left
+    assert ap.Plan.load(path).node_specs == plan.node_specs
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: "{not json", "invalid JSON"),
+    (lambda d: json.dumps({**d, "format": "other"}), "not an alpa_pass plan"),
+    (lambda d: json.dumps({**d, "format_version": 99}), "format version 99"),
+    (lambda d: json.dumps({k: v for k, v in d.items() if k != "node_specs"}), "incomplete or corrupt.*node_specs"),
+    (lambda d: json.dumps({**d, "operand_specs": d["operand_specs"][:-1]}), "corrupt"),
+    (lambda d: json.dumps({**d, "mesh": {**d["mesh"], "alpha": [1.0]}}), "corrupt"),
+])
+def test_from_json_rejects_what_it_cannot_read(plan, edit, match):
+    with pytest.raises(ap.PlanMismatchError, match=match):
+        ap.Plan.from_json(edit(serialize.plan_to_dict(plan)))
+
+
+def test_check_applicable_says_what_differs(plan):
+    ok = dict(fingerprint=plan.fingerprint, mesh=plan.mesh, num_nodes=len(plan.node_specs))
+    serialize.check_applicable(plan, **ok)
+    assert issubclass(ap.PlanMismatchError, ap.ShardingError)
+    with pytest.raises(ap.PlanMismatchError, match="another function signature"):
+        serialize.check_applicable(plan, **{**ok, "fingerprint": "0" * 64})
+    with pytest.raises(ap.PlanMismatchError, match=r"shape \[2, 4\] \(plan\) vs \[4, 2\] \(mesh\)"):
+        serialize.check_applicable(plan, **{**ok, "mesh": ap.LogicalMesh(shape=(4, 2), beta=(1.0, 0.5))})
+    with pytest.raises(ap.PlanMismatchError, match=r"beta \[1.0, 0.5\] \(plan\) vs \[1.0, 1.0\]"):
+        serialize.check_applicable(plan, **{**ok, "mesh": ap.LogicalMesh(shape=(2, 4))})
+    old = serialize.plan_from_dict({**serialize.plan_to_dict(plan),
+                                    "made_with": {**plan.made_with, "jax": "0.4.1"}})
+    with pytest.raises(ap.PlanMismatchError, match=f"jax 0.4.1 but this is jax {jax.__version__}"):
+        serialize.check_applicable(old, **ok)
+
+
+def test_fingerprint_depends_on_text_avals_and_node_count():
+    a = [jax.ShapeDtypeStruct((4, 8), "float32")]
+    base = serialize.fingerprint("module", a, 10)
+    assert base == serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "float32")], 10)
+    assert len({base, serialize.fingerprint("module2", a, 10), serialize.fingerprint("module", a, 11),
+                serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "bfloat16")], 10)}) == 4
+
+
+def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
+    option = ap.AutoShardingOption(plan_cache_dir=tmp_path)
+    assert option.plan_cache_dir == str(tmp_path)
+    n = len(plan.node_specs)
+    assert cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n) is None  # no entry: quiet
+    path = cache.store_cached(tmp_path, plan, option)
+    hit = cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n)
+    assert hit.origin == "cache" and hit.node_specs == plan.node_specs and not caplog.records
+    # other planning options or another mesh: another entry
+    assert cache.entry_path(tmp_path, plan.fingerprint, plan.mesh, ap.AutoShardingOption(solver_rel_gap=0.1)) != path
+    assert cache.entry_path(tmp_path, plan.fingerprint, ap.LogicalMesh(shape=(2, 4)), option) != path
+    # ... but not options that only change emission or display
+    assert cache.entry_path(tmp_path, plan.fingerprint, plan.mesh,
+                            ap.AutoShardingOption(emit="anchors", show_progress=False)) == path
+    for bad in ("{half a fi", plan.to_json().replace(plan.fingerprint, "f" * 64)):
+        with open(path, "w") as f:
+            f.write(bad)
+        with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+            assert cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n) is None
+        assert "ignoring plan cache entry" in caplog.records[-1].getMessage()
+
+
+def test_logical_shapes():
+    assert auto_mesh.logical_shapes(8) == [(1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2)]
+    assert auto_mesh.logical_shapes(12)[:6] == [(1, 12), (2, 6), (3, 4), (4, 3), (6, 2), (12, 1)]
+    assert sorted(auto_mesh.logical_shapes(12)[6:]) == [(2, 2, 3), (2, 3, 2), (3, 2, 2)]
+    assert auto_mesh.logical_shapes(7) == [(1, 7), (7, 1)]
+    assert auto_mesh.logical_shapes(1) == [(1, 1)]
+
+
+class _FakePlan:
+    def __init__(self, mesh, objective):
+        self.mesh, self.objective, self.origin = mesh, objective, "solver"
+        self.timings, self.mesh_search = {"solve": 0.5}, []
+
+
+def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
+    objectives = {(1, 8): 8.0, (2, 4): 6.0, (2, 2, 2): 6.0}
+    calls = []
+
+    def plan_one(mesh):
+        calls.append(mesh.shape)
+        return _FakePlan(mesh, objectives[mesh.shape])
+
+    best = auto_mesh.search_meshes(auto_mesh.candidate_meshes(8), plan_one)
+    assert calls == [(1, 8), (2, 4), (2, 2, 2)]  # 4x2 and 8x1 pose the same ILPs as 2x4 and 1x8
+    assert best.mesh.shape == (2, 4)  # 2x2x2 ties with it: the earlier shape is kept
+    assert [(tuple(e["shape"]), e["objective"], e.get("same_as")) for e in best.mesh_search] == [
+        ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 6.0, [2, 4]), ((8, 1), 8.0, [1, 8]),
+        ((2, 2, 2), 6.0, None)]
+    assert auto_mesh.search_summary(best.mesh_search, (2, 4)) == \
+        "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 = 2x4, 8x1 = 1x8, 2x2x2 6"
+
+
+def test_search_solves_permutations_with_other_costs_and_survives_infeasible_shapes():
+    meshes = [ap.LogicalMesh(shape=(2, 4), beta=(1.0, 0.1)), ap.LogicalMesh(shape=(4, 2), beta=(1.0, 0.1)),
+              ap.LogicalMesh(shape=(8, 1))]
+
+    def plan_one(mesh):
+        if mesh.shape == (2, 4):
+            raise ap.InfeasibleError("too small")
+        return _FakePlan(mesh, 3.0)
+
+    best = auto_mesh.search_meshes(meshes, plan_one)
+    assert best.mesh.shape == (4, 2)
+    assert [e["objective"] for e in best.mesh_search] == [None, 3.0, 3.0]
+    assert best.mesh_search[0]["error"] == "too small" and "same_as" not in best.mesh_search[2]
+    assert "2x4 infeasible" in auto_mesh.search_summary(best.mesh_search)
+    with pytest.raises(ap.InfeasibleError, match="too small"):
+        auto_mesh.search_meshes(meshes[:1], plan_one)
+
+
+def test_progress_prints_stages_only_when_enabled():
+    out = io.StringIO()
+    with PlanningProgress(True, 0.0, out) as p:
+        p._show()  # what the timer does after delay_s (called here to be deterministic)
+        p.stage("solve ILP (12 columns)")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("alpa_pass planning: solve ILP (12 columns) (")
+    quiet = io.StringIO()
+    with planning_progress(None, quiet) as p:  # auto: a StringIO is not a terminal
+        assert not p.enabled
+        p.stage("extract")
+    with planning_progress(False, quiet) as p:
+        p.stage("extract")
+    assert quiet.getvalue() == ""
+
+
+def test_shard_parallel_plan_and_auto_options(plan, tmp_path):
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    method = ap.ShardParallel(plan=str(path))
+    assert isinstance(method.plan, ap.Plan) and method.resolved_mesh() == plan.mesh
+    assert ap.ShardParallel().resolved_mesh().shape == (1, 8)  # the default stays 1 x N
+    assert [m.shape for m in ap.ShardParallel(mesh="auto").resolved_mesh()] == auto_mesh.logical_shapes(8)
+    with pytest.raises(ValueError, match="fixes its mesh"):
+        ap.ShardParallel(mesh="auto", plan=plan)
+    with pytest.raises(TypeError, match="a Plan or the path"):
+        ap.ShardParallel(plan=42)
+    with pytest.raises(TypeError, match='"auto" or None'):
+        ap.ShardParallel(mesh="best")
+    with pytest.raises(ValueError, match="show_progress"):
+        ap.AutoShardingOption(show_progress="yes")
