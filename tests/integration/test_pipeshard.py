@@ -1,0 +1,230 @@
+"""PipeshardParallel training steps equal plain ``jax.jit`` on one device (f32, 3 Adam steps).
+
+Models: the 4-layer MLP and 4-layer GPT of tests/models with ``mark_pipeline_boundary()`` after
+each layer (or automatic layers); stages uniform, manual or auto; schedules 1F1B and GPipe.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import alpa_pass as ap
+from tests.models import default_optimizer, gpt, init_state, mlp
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 3
+
+
+def mlp_loss(params, batch, boundaries=True):
+    x = batch["x"]
+    for i, layer in enumerate(params):
+        x = x @ layer["kernel"] + layer["bias"]
+        if i + 1 < len(params):
+            x = jax.nn.relu(x)
+            if boundaries:
+                ap.mark_pipeline_boundary()
+    return jnp.mean((x - batch["y"]) ** 2)
+
+
+def make_gpt_loss(config: gpt.Config, boundaries=True):
+    def loss_fn(params, batch):
+        tokens = batch["tokens"]
+        x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
+        for i, p in enumerate(params["blocks"]):
+            x = x + gpt._attention(p, gpt._layer_norm(p["ln1"], x), config.heads)
+            x = x + gpt._mlp(p, gpt._layer_norm(p["ln2"], x))
+            if boundaries and i + 1 < len(params["blocks"]):
+                ap.mark_pipeline_boundary()
+        x = gpt._layer_norm(params["ln_f"], x)
+        head = params["lm_head"] if "lm_head" in params else params["wte"].T
+        logp = jax.nn.log_softmax(x @ head, axis=-1)
+        return jnp.mean(-jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
+
+    return loss_fn
+
+
+def make_step(loss_fn, optimizer):
+    def train_step(state, batch):
+        params, opt_state = state
+        loss, grads = ap.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    return train_step
+
+
+def setup(name, boundaries=True):
+    optimizer = default_optimizer()
+    if name == "mlp":
+        config = mlp.Config(num_layers=4, hidden=32, batch=16)
+        loss_fn, model = (lambda p, b: mlp_loss(p, b, boundaries)), mlp
+    else:
+        config = gpt.Config(layers=4, hidden=32, heads=4, batch=8, seq=8)
+        loss_fn, model = make_gpt_loss(config, boundaries), gpt
+    state = init_state(model.init(jax.random.key(0), config), optimizer)
+    batches = [model.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    return make_step(loss_fn, optimizer), state, batches
+
+
+def run(step, state, batches):
+    losses = []
+    for batch in batches:
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    return state, losses
+
+
+def reference(step_fn, state, batches):
+    dev = jax.devices()[0]
+    return run(jax.jit(step_fn), jax.device_put(state, dev), jax.device_put(batches, dev))
+
+
+def assert_same(ref, got):
+    (ref_state, ref_losses), (state, losses) = ref, got
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(ref_state)[0]]
+    for path, want, have in zip(paths, jax.tree.leaves(ref_state), jax.tree.leaves(state)):
+        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=RTOL, atol=ATOL,
+                                   err_msg=f"state leaf {path} differs")
+
+
+CASES = [
+    pytest.param("mlp", 2, "1f1b", 4, id="mlp-2stages-1f1b"),
+    pytest.param("mlp", 4, "gpipe", 2, id="mlp-4stages-gpipe"),
+    pytest.param("gpt", 2, "gpipe", 2, id="gpt-2stages-gpipe"),
+    pytest.param("gpt", 4, "1f1b", 4, id="gpt-4stages-1f1b"),
+]
+
+
+@pytest.mark.parametrize("model,num_stages,schedule,micro", CASES)
+def test_manual_layers_uniform_stages_match_single_device(model, num_stages, schedule, micro):
+    step_fn, state, batches = setup(model)
+    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), num_micro_batches=micro,
+                                  stage_option=ap.UniformStageOption(num_stages=num_stages),
+                                  pipeline_schedule=schedule)
+    step = ap.parallelize(step_fn, method=method)
+    assert_same(reference(step_fn, state, batches), run(step, state, batches))
+    plan = step.get_executable(state, batches[0]).plan
+    assert plan.num_stages == num_stages and plan.num_layers == 4
+    devices = [d for s in plan.stages for d in s.devices]
+    assert sorted(devices) == list(range(8)), "uniform stages must use disjoint submeshes covering the mesh"
+    assert step.num_plans == 1
+
+
+def test_auto_layers_auto_stages_match_single_device():
+    step_fn, state, batches = setup("mlp", boundaries=False)
+    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(1, 4)), num_micro_batches=2,
+                                  layer_option=ap.AutoLayerOption(layer_num=2),
+                                  stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
+    step = ap.parallelize(step_fn, method=method)
+    assert_same(reference(step_fn, state, batches), run(step, state, batches))
+    plan = step.get_executable(state, batches[0]).plan
+    assert plan.num_layers == 2
+    assert sum(len(s.devices) for s in plan.stages) <= 4
+
+
+def test_auto_stages_give_a_heavy_layer_more_devices():
+    from alpa_pass.pipeline.compile import micro_avals
+    from alpa_pass.pipeline.layers import manual_layers
+    from alpa_pass.pipeline.stage_search import auto_stages
+    from alpa_pass.pipeline.stages import uniform_stages
+    from alpa_pass.pipeline.trace import trace_step
+
+    reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
+
+    def loss_fn(params, batch):
+        x = batch["x"]
+        for r, layer in zip(reps, params):
+            for _ in range(r):
+                x = jnp.tanh(x @ layer["kernel"])
+            ap.mark_pipeline_boundary()
+        return jnp.mean((x - batch["y"]) ** 2)
+
+    hidden, batch = 64, 16384
+    params = [{"kernel": jax.ShapeDtypeStruct((hidden, hidden), jnp.float32)} for _ in reps]
+    data = {"x": jax.ShapeDtypeStruct((batch, hidden), jnp.float32),
+            "y": jax.ShapeDtypeStruct((batch, hidden), jnp.float32)}
+    step = lambda p, b: ap.grad(loss_fn)(p, b)  # noqa: E731
+    cluster = ap.LogicalMesh(shape=(1, 8))
+    method = ap.PipeshardParallel(mesh=cluster, num_micro_batches=8,
+                                  stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
+    traced = trace_step(step, (params, data), (1,), lambda a, m: micro_avals(a, m, 8, "step"))
+    layers = manual_layers(traced.loss)
+    auto = auto_stages(traced, layers, cluster, method)
+    uniform = uniform_stages(len(layers), cluster, 4)
+
+    def devices_of_layer(specs, layer):
+        return next(s.mesh.num_devices for s in specs if layer in s.layers)
+
+    assert devices_of_layer(auto, 1) > devices_of_layer(uniform, 1)
+    light = [devices_of_layer(auto, i) / sum(1 for s in auto if i in s.layers) for i in (0, 2, 3)]
+    assert devices_of_layer(auto, 1) >= max(light)
+
+
+def _mlp_method(**kw):
+    return ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), **kw)
+
+
+def test_more_stages_than_devices():
+    step_fn, state, batches = setup("mlp")
+    step = ap.parallelize(step_fn, method=_mlp_method(stage_option=ap.UniformStageOption(num_stages=9)))
+    with pytest.raises(ap.MeshError, match="9 pipeline stages need at least 9 devices"):
+        step.get_executable(state, batches[0])
+
+
+def test_batch_not_divisible_by_micro_batches():
+    step_fn, state, batches = setup("mlp")
+    step = ap.parallelize(step_fn, method=_mlp_method(num_micro_batches=3))
+    with pytest.raises(ap.ShardingError, match="not divisible by 3"):
+        step.get_executable(state, batches[0])
+
+
+def test_boundary_inside_a_nested_jit():
+    def loss_fn(params, batch):
+        def inner(x):
+            ap.mark_pipeline_boundary()
+            return x @ params[0]["kernel"]
+        return jnp.mean(jax.jit(inner)(batch["x"]) ** 2)
+
+    _, state, batches = setup("mlp")
+    step = ap.parallelize(make_step(loss_fn, default_optimizer()), method=_mlp_method())
+    with pytest.raises(ap.TraceError, match="must not nest"):
+        step.get_executable(state, batches[0])
+
+
+def test_manual_stage_layers_must_be_consecutive():
+    step_fn, state, batches = setup("mlp")
+    option = ap.ManualStageOption(forward_stage_layer_ids=((0, 2), (1, 3)),
+                                  submesh_physical_shapes=((1, 4), (1, 4)))
+    step = ap.parallelize(step_fn, method=_mlp_method(stage_option=option))
+    with pytest.raises(ap.MeshError, match="consecutive"):
+        step.get_executable(state, batches[0])
+
+
+def test_plain_jax_grad_is_rejected():
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(mlp_loss)(state[0], batch)
+        return state, loss
+
+    _, state, batches = setup("mlp")
+    step = ap.parallelize(train_step, method=_mlp_method())
+    with pytest.raises(ap.TraceError, match="exactly one alpa_pass.value_and_grad"):
+        step.get_executable(state, batches[0])
+
+
+def test_plan_summary_and_timeline(tmp_path):
+    step_fn, state, batches = setup("mlp")
+    method = _mlp_method(num_micro_batches=4, stage_option=ap.UniformStageOption(num_stages=4),
+                         pipeline_schedule="1f1b")
+    plan = ap.parallelize(step_fn, method=method).get_executable(state, batches[0]).plan
+    text = plan.summary()
+    assert "4 layers, 4 stages, 4 micro-batches, schedule 1f1b" in text
+    assert all(f"{i}..{i}" in text for i in range(4))
+    assert [s.devices for s in plan.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert all(s.predicted_bwd >= 0 and s.predicted_fwd >= 0 for s in plan.stages)
+    assert len(plan.ticks) == 2 * (4 + 4 - 1)
+    png = plan.save_timeline(str(tmp_path / "timeline.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
