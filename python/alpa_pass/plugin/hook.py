@@ -159,7 +159,8 @@ class LoweringHook:
         from alpa_pass.emit.constraints import insert_constraints
         from alpa_pass.extract.stablehlo import extract_graph
         from alpa_pass.options import AutoShardingOption
-        from alpa_pass.plan.planner import constraint_targets, plan_graph
+        from alpa_pass.plan.planner import constraint_targets, operand_targets, plan_graph
+        from alpa_pass.runtime.multiprocess import check_same_plan
 
         closed_jaxpr, _, name = args[:3]
         mesh, option, timings = self.logical_mesh(), AutoShardingOption(), {}
@@ -172,11 +173,13 @@ class LoweringHook:
         timings["extract"] = time.perf_counter() - t
         ties = _node_ties(graph, [closed_jaxpr.in_avals[i] for i in kept], closed_jaxpr.out_avals)
         plan = plan_graph(graph, mesh, option, ties, timings)
+        check_same_plan(plan, "plan of a jax.jit computation")
         t = time.perf_counter()
         in_sh, out_sh = _entry_shardings(mesh, plan, kept, len(closed_jaxpr.in_avals))
         computation = original(*args[:3], in_sh, out_sh, *args[5:], **kwargs)
         plan.emit_report = insert_constraints(_compat.computation_module(computation), graph,
-                                              constraint_targets(graph, plan, mesh, option))
+                                              constraint_targets(graph, plan, mesh, option),
+                                              operand_dim_shardings=operand_targets(graph, plan, mesh))
         timings["emit"] = time.perf_counter() - t
         log.info("alpa_pass: planned %s on mesh %s in %.3f s (objective %.6g, %d constraints)",
                  name, "x".join(map(str, mesh.shape)), sum(timings.values()), plan.objective,

