@@ -62,7 +62,8 @@ class ParallelizedFunction:
         return exe
 
     def plan(self, *args):
-        """Plan only (trace, extract, build, solve) and return the Plan; nothing is compiled or cached.
+        """Plan only (trace, extract, build, solve) and return the Plan; nothing is compiled (the plan
+        cache, when `plan_cache_dir` is set, is read and written).
 
         With ``jax.ShapeDtypeStruct`` arguments this plans models far larger than host memory.
         """

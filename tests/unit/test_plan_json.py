@@ -4,6 +4,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
+import time
 
 import jax
 import pytest
@@ -96,12 +98,13 @@ def test_check_applicable_says_what_differs(plan):
         serialize.check_applicable(old, **ok)
 
 
-def test_fingerprint_depends_on_text_avals_and_node_count():
+def test_fingerprint_depends_on_text_avals_node_count_and_donation():
     a = [jax.ShapeDtypeStruct((4, 8), "float32")]
     base = serialize.fingerprint("module", a, 10)
     assert base == serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "float32")], 10)
     assert len({base, serialize.fingerprint("module2", a, 10), serialize.fingerprint("module", a, 11),
-                serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "bfloat16")], 10)}) == 4
+                serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "bfloat16")], 10),
+                serialize.fingerprint("module", a, 10, donated=[0])}) == 5
 
 
 def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
@@ -113,7 +116,8 @@ def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
     hit = cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n)
     assert hit.origin == "cache" and hit.node_specs == plan.node_specs and not caplog.records
     # other planning options or another mesh: another entry
-    assert cache.entry_path(tmp_path, plan.fingerprint, plan.mesh, ap.AutoShardingOption(solver_rel_gap=0.1)) != path
+    for other in (ap.AutoShardingOption(solver_rel_gap=0.1), ap.AutoShardingOption(memory_budget_per_device=2**30)):
+        assert cache.entry_path(tmp_path, plan.fingerprint, plan.mesh, other) != path
     assert cache.entry_path(tmp_path, plan.fingerprint, ap.LogicalMesh(shape=(2, 4)), option) != path
     # ... but not options that only change emission or display
     assert cache.entry_path(tmp_path, plan.fingerprint, plan.mesh,
@@ -190,6 +194,23 @@ def test_progress_prints_stages_only_when_enabled():
     with planning_progress(False, quiet) as p:
         p.stage("extract")
     assert quiet.getvalue() == ""
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_on_a_terminal_is_a_ticking_status_line_that_clears():
+    term = _Terminal()
+    with planning_progress(True, term) as p:
+        p.stage("solve ILP (5 columns)")
+        time.sleep(0.3)
+    out = term.getvalue()
+    ticks = set(re.findall(r"alpa_pass planning: solve ILP \(5 columns\) \((\d\.\d) s\)", out))
+    assert len(ticks) >= 2  # re-rendered with the elapsed time while it waits
+    assert "\r" in out and out.endswith("\x1b[2K")  # redrawn in place, erased at the end
+    assert planning_progress(None, _Terminal()).enabled
 
 
 def test_shard_parallel_plan_and_auto_options(plan, tmp_path):

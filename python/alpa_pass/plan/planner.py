@@ -64,8 +64,8 @@ def make_plan(fn, args, mesh, option: AutoShardingOption, saved: Plan | None = N
         if graph.num_args != len(leaves):
             raise ExtractError(f"{fn_name(fn)} lowered to {graph.num_args} module arguments but has "
                                f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
-        key = fingerprint(lowered.as_text(debug_info=False), leaves, graph.num_nodes)
         graph.donated_args = donated_leaves(args, donate_argnums)
+        key = fingerprint(lowered.as_text(debug_info=False), leaves, graph.num_nodes, graph.donated_args)
         timings["extract"] = time.perf_counter() - t
 
         ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []

@@ -7,8 +7,9 @@ A plan file is one JSON object, one top-level key per line (the large per-node a
 * ``input_specs`` / ``output_specs``: one ``PartitionSpec`` per leaf as a list of entries
   (``null`` = replicated dim, ``"x"`` = split over axis x, ``["x", "y"]`` = over x then y);
 * every other plain-data field of :class:`~alpa_pass.plan.plan.Plan` under its own name
-  (``fingerprint``, ``made_with`` = alpa_pass and jax versions and planning options, ``objective``, ``predicted``, ``ilp_size``, ``timings``,
-  ``mesh_search``, ``node_specs``, ``operand_specs``, ...);
+  (``fingerprint``, ``made_with`` = alpa_pass and jax versions and planning options,
+  ``objective``, ``predicted``, ``ilp_size``, ``timings``, ``mesh_search``, ``node_specs``,
+  ``operand_specs``, ...);
 * ``choices``: per graph node, columns kind/label/shape/dtype_bytes/strategy/cost (the rows of
   ``Plan.summary()``; their ``PartitionSpec`` is rebuilt from ``node_specs``).
 """
@@ -54,18 +55,19 @@ def made_with(option) -> dict:
     return {**versions(), "options": planning_options(option)}
 
 
-def fingerprint(module_text: str, arg_avals, num_nodes: int) -> str:
+def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=()) -> str:
     """Identity of a function signature as the planner sees it (stable across processes).
 
     Args:
       module_text: the first (unsharded) lowering's StableHLO without debug locations.
       arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s or avals).
       num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
+      donated: flat indices of donated argument leaves (donation changes memory liveness).
     """
     h = hashlib.sha256(module_text.encode())
     for a in arg_avals:
         h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
-    h.update(f"|nodes={int(num_nodes)}".encode())
+    h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())
     return h.hexdigest()
 
 
@@ -114,7 +116,7 @@ def plan_from_json(text: str):
     return plan_from_dict(d)
 
 
-def plan_from_dict(d) -> object:
+def plan_from_dict(d):
     """Rebuild a Plan from :func:`plan_to_dict`'s dict (validates format and fields)."""
     from alpa_pass.plan.plan import NodeChoice, Plan
 
