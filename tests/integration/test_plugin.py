@@ -71,6 +71,30 @@ def test_plugin_shards_parameters_over_all_devices(plugin_run):
     assert any("'y'" in s for s in kernels), kernels     # weights are split, not just replicated
 
 
+def test_auto_mesh_budget_and_plan_cache(plain_run, tmp_path):
+    """ALPA_PASS_MESH=auto searches the shapes of 8 devices under ALPA_PASS_MEMORY_BUDGET; with
+    ALPA_PASS_CACHE a second run of the unchanged script reads the plan instead of solving."""
+    env = dict(JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="auto", ALPA_PASS_MEMORY_BUDGET="64MiB",
+               ALPA_PASS_CACHE=str(tmp_path / "cache"))
+    figures = []
+    for k in range(2):
+        report = tmp_path / f"report{k}"
+        out, run, _ = _run("train_mlp.py", ALPA_PASS_REPORT=str(report), **env)
+        assert run["plugin"]["planned"] == 1 and run["plugin"]["failed"] == 0
+        for a, b in zip(out["losses"], plain_run[0]["losses"]):
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+        (path,) = report.glob("*.json")
+        figures.append(json.loads(path.read_text()))
+    first, second = figures
+    assert first["origin"] == "solver" and second["origin"] == "cache"
+    shapes = [tuple(e["shape"]) for e in first["mesh_search"]]
+    assert {(1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2)} <= set(shapes)
+    best = min(e["objective"] for e in first["mesh_search"] if e["objective"] is not None)
+    assert first["objective"] == pytest.approx(best)
+    assert first["predicted"]["peak_bytes"] <= 64 * 2**20
+    assert second["input_specs"] == first["input_specs"] and second["mesh"] == first["mesh"]
+
+
 def test_report_has_summary_and_json(plugin_run):
     _, _, _, report = plugin_run
     texts, jsons = sorted(report.glob("*.txt")), sorted(report.glob("*.json"))

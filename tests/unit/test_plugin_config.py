@@ -42,9 +42,9 @@ def test_bad_mesh(text):
         parse_mesh(text)
 
 
-def test_auto_mesh_not_implemented():
-    with pytest.raises(PluginConfigError, match="'auto'.*not implemented yet"):
-        load_config({"ALPA_PASS_MESH": "auto"})
+def test_auto_mesh_and_cache_dir():
+    cfg = load_config({"ALPA_PASS_MESH": "Auto", "ALPA_PASS_CACHE": "/tmp/plans"})
+    assert cfg.mesh_shape == "auto" and cfg.cache_dir == "/tmp/plans"
 
 
 @pytest.mark.parametrize("text,n", [("16GiB", 16 * 2**30), ("512MB", 512 * 10**6), ("1.5G", 1_500_000_000),
@@ -59,9 +59,10 @@ def test_bad_bytes(text):
         parse_bytes(text, "X")
 
 
-def test_memory_budget_validated_then_not_supported():
-    with pytest.raises(PluginConfigError, match=r"'16GiB' \(17179869184 bytes\) is valid, but .* not supported yet"):
-        load_config({"ALPA_PASS_MEMORY_BUDGET": "16GiB"})
+def test_memory_budget_parsed():
+    assert load_config({"ALPA_PASS_MEMORY_BUDGET": "16GiB"}).memory_budget_bytes == 16 * 2**30
+    with pytest.raises(PluginConfigError, match="must be a positive size"):
+        load_config({"ALPA_PASS_MEMORY_BUDGET": "0"})
     with pytest.raises(PluginConfigError, match="ALPA_PASS_MEMORY_BUDGET='lots' is not a size"):
         load_config({"ALPA_PASS_MEMORY_BUDGET": "lots"})
 

@@ -49,7 +49,13 @@ def initialize() -> None:
     _HOOK = LoweringHook(config, error)
     _compat.install_lowering_hook(_HOOK)
     log.info("alpa_pass: planning jax.jit computations (method %s, mesh %s)", config.method,
-             "x".join(map(str, config.mesh_shape)) if config.mesh_shape else "1 x all devices")
+             _mesh_text(config.mesh_shape))
+
+
+def _mesh_text(shape) -> str:
+    if shape is None:
+        return "1 x all devices"
+    return shape if isinstance(shape, str) else "x".join(map(str, shape))
 
 
 def shutdown() -> None:

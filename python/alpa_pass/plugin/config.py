@@ -34,16 +34,19 @@ class PluginConfig:
 
     Attributes:
       method: "shard" (ShardParallel; the only one implemented so far).
-      mesh_shape: logical mesh shape, e.g. ``(2, 4)``; ``None`` = all devices as ``1 x N``.
-      memory_budget_bytes: per-device budget (parsed; planning with it is not supported yet).
+      mesh_shape: logical mesh shape, e.g. ``(2, 4)``; ``"auto"`` = search the shapes of the device
+        count and keep the cheapest plan; ``None`` = all devices as ``1 x N``.
+      memory_budget_bytes: per-device memory budget the plans must fit, or ``None``.
+      cache_dir: on-disk plan cache directory (a second run of the script skips the solver), or None.
       report_dir: directory that receives each plan's summary and JSON, or ``None``.
       log_level: level of the ``alpa_pass`` logger (a ``logging`` int), or ``None`` = untouched.
       min_bytes: computations whose arguments + results total fewer bytes run untouched.
     """
 
     method: str = "shard"
-    mesh_shape: tuple[int, ...] | None = None
+    mesh_shape: tuple[int, ...] | str | None = None
     memory_budget_bytes: int | None = None
+    cache_dir: str | None = None
     report_dir: str | None = None
     log_level: int | None = None
     min_bytes: int = DEFAULT_MIN_BYTES
@@ -66,26 +69,25 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
                                 f"(or unset ALPA_PASS_METHOD)")
     budget = _get(environ, "ALPA_PASS_MEMORY_BUDGET")
     budget_bytes = parse_bytes(budget, "ALPA_PASS_MEMORY_BUDGET") if budget else None
-    if budget_bytes is not None:
-        raise PluginConfigError(f"ALPA_PASS_MEMORY_BUDGET={budget!r} ({budget_bytes} bytes) is valid, "
-                                f"but planning under a memory budget is not supported yet; unset it")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise PluginConfigError(f"ALPA_PASS_MEMORY_BUDGET={budget!r} must be a positive size")
     min_bytes = _get(environ, "ALPA_PASS_MIN_BYTES")
     return PluginConfig(
         method=method,
         mesh_shape=parse_mesh(_get(environ, "ALPA_PASS_MESH")),
         memory_budget_bytes=budget_bytes,
+        cache_dir=_get(environ, "ALPA_PASS_CACHE") or None,
         report_dir=_get(environ, "ALPA_PASS_REPORT") or None,
         log_level=parse_log_level(_get(environ, "ALPA_PASS_LOG")),
         min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES)
 
 
 def parse_mesh(text: str | None) -> tuple[int, ...] | None:
-    """``"2x4"`` -> ``(2, 4)``; ``"8"`` -> ``(8,)``; empty -> ``None``; ``"auto"`` is not supported yet."""
+    """``"2x4"`` -> ``(2, 4)``; ``"8"`` -> ``(8,)``; ``"auto"`` -> ``"auto"``; empty -> ``None``."""
     if not text:
         return None
     if text.lower() == "auto":
-        raise PluginConfigError("ALPA_PASS_MESH='auto' (searching mesh shapes) is not implemented yet; "
-                                "give a shape such as '2x4' or unset ALPA_PASS_MESH (1 x all devices)")
+        return "auto"
     parts = text.lower().replace("*", "x").split("x")
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise PluginConfigError(f"ALPA_PASS_MESH={text!r} is not a mesh shape; write positive device "

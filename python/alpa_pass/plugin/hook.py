@@ -159,11 +159,15 @@ class LoweringHook:
         from alpa_pass.emit.constraints import insert_constraints
         from alpa_pass.extract.stablehlo import extract_graph
         from alpa_pass.options import AutoShardingOption
-        from alpa_pass.plan.planner import constraint_targets, operand_targets, plan_graph
+        from alpa_pass.plan.obtain import obtain_plan
+        from alpa_pass.plan.planner import constraint_targets, operand_targets
+        from alpa_pass.plan.serialize import fingerprint
         from alpa_pass.runtime.multiprocess import check_same_plan
 
         closed_jaxpr, _, name = args[:3]
-        mesh, option, timings = self.logical_mesh(), AutoShardingOption(), {}
+        option = AutoShardingOption(memory_budget_per_device=self.config.memory_budget_bytes,
+                                    plan_cache_dir=self.config.cache_dir)
+        timings = {}
         t = time.perf_counter()
         if _compat.const_args(probe):
             from alpa_pass.errors import ExtractError
@@ -171,8 +175,12 @@ class LoweringHook:
         kept = _compat.kept_var_idx(probe)
         graph = extract_graph(_compat.computation_module(probe))
         timings["extract"] = time.perf_counter() - t
-        ties = _node_ties(graph, [closed_jaxpr.in_avals[i] for i in kept], closed_jaxpr.out_avals)
-        plan = plan_graph(graph, mesh, option, ties, timings)
+        in_avals = [closed_jaxpr.in_avals[i] for i in kept]
+        ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
+        module = _compat.computation_module(probe)
+        digest = fingerprint(module.operation.get_asm(enable_debug_info=False), in_avals, graph.num_nodes)
+        plan = obtain_plan(graph, self.logical_mesh(), option, ties, timings, digest)
+        mesh = plan.mesh  # the chosen one when ALPA_PASS_MESH=auto searched several
         check_same_plan(plan, "plan of a jax.jit computation")
         t = time.perf_counter()
         in_sh, out_sh = _entry_shardings(mesh, plan, kept, len(closed_jaxpr.in_avals))
@@ -190,13 +198,19 @@ class LoweringHook:
         return Entry(name=name, plan=plan, in_shardings=in_sh, computation=computation)
 
     def logical_mesh(self):
-        """The LogicalMesh over all devices (``ALPA_PASS_MESH`` or ``1 x N``), built once."""
+        """The LogicalMesh over all devices (``ALPA_PASS_MESH`` or ``1 x N``), or for ``auto`` the
+        tuple of candidate meshes of the device count; built once."""
         if self._mesh is None:
             import jax
 
             from alpa_pass.mesh import LogicalMesh
 
             n = len(jax.devices())
+            if self.config.mesh_shape == "auto":
+                from alpa_pass.plan.auto_mesh import candidate_meshes
+
+                self._mesh = candidate_meshes(n, tuple(jax.devices()))
+                return self._mesh
             shape = self.config.mesh_shape or (1, n)
             if _prod(shape) != n:
                 raise PluginConfigError(

@@ -21,6 +21,9 @@ def plan_figures(name: str, plan) -> dict:
         "output_specs": [str(s) for s in plan.output_specs],
         "fallbacks": dict(plan.fallbacks),
         "constraints_inserted": getattr(plan.emit_report, "inserted", None),
+        "origin": plan.origin,
+        "mesh_search": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in entry.items()}
+                        for entry in (plan.mesh_search or [])],
     }
 
 
