@@ -11,7 +11,7 @@ from alpa_pass.plan.auto_mesh import search_meshes
 
 
 def obtain_plan(graph, mesh, option, ties, timings: dict, fingerprint: str, *, saved=None,
-                progress=None):
+                progress=None, pinned=()):
     """The Plan for an extracted graph.
 
     Args:
@@ -19,6 +19,7 @@ def obtain_plan(graph, mesh, option, ties, timings: dict, fingerprint: str, *, s
       mesh: a LogicalMesh, or a sequence of them (each is planned; the cheapest plan is kept).
       option: the AutoShardingOption (``plan_cache_dir`` enables the cache).
       ties: (node, node) pairs whose specs must be equal.
+      pinned: (node, core spec) pairs forced on the solver (see ``plan_graph``).
       timings: the phases so far ("trace", "extract"); the plan's timings start from a copy.
       fingerprint: :func:`serialize.fingerprint` of this function signature.
       saved: a Plan to apply instead of planning; it must fit (PlanMismatchError otherwise) and
@@ -29,12 +30,13 @@ def obtain_plan(graph, mesh, option, ties, timings: dict, fingerprint: str, *, s
     if saved is not None:
         return apply_saved(saved, graph, mesh, fingerprint, dict(timings))
     if isinstance(mesh, LogicalMesh):
-        return plan_one(graph, mesh, option, ties, dict(timings), fingerprint, progress)
+        return plan_one(graph, mesh, option, ties, dict(timings), fingerprint, progress, pinned)
     return search_meshes(tuple(mesh), lambda m: plan_one(graph, m, option, ties, dict(timings),
-                                                         fingerprint, progress))
+                                                         fingerprint, progress, pinned))
 
 
-def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint: str, progress=None):
+def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint: str, progress=None,
+             pinned=()):
     """The cached plan for (fingerprint, mesh, option) if ``option.plan_cache_dir`` holds a valid
     one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled)."""
     from alpa_pass.plan.planner import plan_graph
@@ -46,7 +48,7 @@ def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint:
             timings["cache"] = time.perf_counter() - t
             plan.timings = timings
             return plan
-    plan = plan_graph(graph, mesh, option, ties, timings, progress=progress)
+    plan = plan_graph(graph, mesh, option, ties, timings, progress=progress, pinned=pinned)
     plan.fingerprint = fingerprint
     if option.plan_cache_dir is not None:
         cache.store_cached(option.plan_cache_dir, plan, option)

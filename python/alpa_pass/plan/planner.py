@@ -1,6 +1,7 @@
 """ShardParallel planning: trace -> extract -> build (C++) -> solve (HiGHS) -> emit -> compile."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
@@ -39,7 +40,7 @@ def core_graph(graph: OpGraph):
 
 
 def make_plan(fn, args, mesh, option: AutoShardingOption, saved: Plan | None = None,
-              donate_argnums=()):
+              donate_argnums=(), pinned_args=None):
     """Trace, extract, build and solve: the Plan for ``fn(*args)`` on ``mesh`` (nothing compiled).
 
     Returns (plan, graph, out_treedef).
@@ -49,6 +50,8 @@ def make_plan(fn, args, mesh, option: AutoShardingOption, saved: Plan | None = N
     of solving (PlanMismatchError unless it was made for this function signature, mesh and jax).
     With ``option.plan_cache_dir`` a cached plan replaces the build and solve.
     ``donate_argnums``: positions of ``args`` whose buffers are donated (memory liveness).
+    ``pinned_args``: one core spec (tensor dim per mesh axis, -1 = none) or None per flat argument
+    leaf: the leaf's layout is forced (presets); part of the plan's fingerprint.
     """
     with planning_progress(option.show_progress) as progress:
         timings = {}
@@ -66,20 +69,26 @@ def make_plan(fn, args, mesh, option: AutoShardingOption, saved: Plan | None = N
                                f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
         graph.donated_args = donated_leaves(args, donate_argnums)
         key = fingerprint(lowered.as_text(debug_info=False), leaves, graph.num_nodes, graph.donated_args)
+        pinned = _node_pins(graph, pinned_args)
+        if pinned:
+            key = hashlib.sha256(f"{key}|pinned={pinned}".encode()).hexdigest()
         timings["extract"] = time.perf_counter() - t
 
         ties = _node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
-        plan = obtain_plan(graph, mesh, option, ties, timings, key, saved=saved, progress=progress)
+        plan = obtain_plan(graph, mesh, option, ties, timings, key, saved=saved, progress=progress,
+                           pinned=pinned)
     check_same_plan(plan, f"plan of {fn_name(fn)}")
     return plan, graph, lowered.out_tree
 
 
 def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
-               ties=(), timings: dict | None = None, progress=None) -> Plan:
+               ties=(), timings: dict | None = None, progress=None, pinned=()) -> Plan:
     """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
     ``progress``: a ``plan.progress.PlanningProgress`` told each stage (optional).
+    ``pinned``: (node, core spec) pairs the node's result must have (ValueError naming the node
+    if it has no such strategy).
     """
     from alpa_pass import _core
 
@@ -89,7 +98,7 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
     t = time.perf_counter()
     problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties),
-                                           list(graph.donated_args))
+                                           list(graph.donated_args), [(int(v), list(s)) for v, s in pinned])
     timings["build"] = time.perf_counter() - t
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
@@ -104,10 +113,11 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
 
 
 def plan_and_compile(fn, args, mesh, option: AutoShardingOption, donate_argnums=(),
-                     saved: Plan | None = None) -> tuple[Plan, object]:
+                     saved: Plan | None = None, pinned_args=None) -> tuple[Plan, object]:
     """Plan ``fn(*args)`` on ``mesh`` (or apply ``saved``; see ``make_plan``) and compile it for
     ``plan.mesh``. Returns (plan, jax ``Compiled``)."""
-    plan, graph, out_tree = make_plan(fn, args, mesh, option, saved=saved, donate_argnums=donate_argnums)
+    plan, graph, out_tree = make_plan(fn, args, mesh, option, saved=saved, donate_argnums=donate_argnums,
+                                      pinned_args=pinned_args)
     mesh = plan.mesh
     jmesh = mesh.jax_mesh()
     timings = plan.timings
@@ -128,6 +138,11 @@ def plan_and_compile(fn, args, mesh, option: AutoShardingOption, donate_argnums=
         raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {mesh.shape}: {e}") from e
     timings["compile"] = time.perf_counter() - t
     return plan, compiled
+
+
+def _node_pins(graph: OpGraph, pinned_args) -> list[tuple[int, list[int]]]:
+    params = graph.param_nodes()
+    return [(params[i], list(s)) for i, s in enumerate(pinned_args or ()) if s is not None]
 
 
 def _node_ties(graph: OpGraph, args, out_info) -> list[tuple[int, int]]:

@@ -181,6 +181,7 @@ class LoweringHook:
         digest = fingerprint(module.operation.get_asm(enable_debug_info=False), in_avals, graph.num_nodes)
         plan = obtain_plan(graph, self.logical_mesh(), option, ties, timings, digest)
         mesh = plan.mesh  # the chosen one when ALPA_PASS_MESH=auto searched several
+        timings = plan.timings  # obtain_plan starts the plan's timings from a copy
         check_same_plan(plan, "plan of a jax.jit computation")
         t = time.perf_counter()
         in_sh, out_sh = _entry_shardings(mesh, plan, kept, len(closed_jaxpr.in_avals))
