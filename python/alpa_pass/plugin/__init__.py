@@ -5,7 +5,7 @@ alpa_pass is installed, and calls :func:`initialize` at its first backend initia
 module imports nothing heavy, and :func:`initialize` does nothing unless the comma-separated
 ``JAX_PLUGINS`` names ``alpa_pass``. It never touches devices (``jax.devices()`` would recurse into
 backend initialisation). Configuration: the ``ALPA_PASS_*`` variables (see ``plugin/config.py``
-and docs/plugin.md).
+and the README section "Unchanged jax.jit code").
 """
 from __future__ import annotations
 

@@ -1,0 +1,163 @@
+"""Classic parallel methods as presets: points of the sharding search space, forced.
+
+A preset pins the layout of every argument leaf (batch, parameters, optimizer state) and lets the
+sharding ILP plan everything in between; the step's outputs are tied to its inputs as usual.
+
+  DataParallel   batch split on dim 0 over all mesh axes; parameters and optimizer state
+                 replicated: the gradients are all-reduced.
+  Zero2Parallel  batch split; parameters replicated; optimizer state sharded. Gradients are
+                 reduce-scattered (``prefer_reduce_scatter``), the update runs sharded and the new
+                 parameters are all-gathered.
+  Zero3Parallel  as Zero2, and every parameter with ndim > 1 sharded at rest too.
+
+"Sharded" means split on the leaf's largest dim that the device count divides (ties: the first),
+over all mesh axes; a leaf with no such dim stays replicated.
+
+The arguments follow Alpa's training-step convention ``train_step(state, batch)`` with
+``state = (params, opt_state)``: ``batch_argnums`` says which arguments are batches and
+``params_at`` where the parameter pytree sits inside the arguments; every other leaf of the
+non-batch arguments is optimizer (or other) state.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from alpa_pass.errors import ShardingError
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.options import AutoShardingOption, ParallelMethod, ShardParallel
+
+
+@dataclasses.dataclass(frozen=True)
+class _Preset(ParallelMethod):
+    """Shared fields of the presets.
+
+    Attributes:
+      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh.
+      option: planner options for the unpinned values (the preset overrides what it must).
+      batch_argnums: positions of the batch arguments (split on dim 0 over all mesh axes).
+      params_at: index path of the parameter pytree inside the positional arguments
+        (``(0, 0)``: ``state[0]`` of ``train_step((params, opt_state), batch)``).
+    """
+
+    mesh: LogicalMesh | None = None
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    batch_argnums: tuple[int, ...] = (1,)
+    params_at: tuple[int, ...] = (0, 0)
+
+    def __post_init__(self):
+        if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
+            raise TypeError(f"{type(self).__name__}(mesh=...) takes an alpa_pass.LogicalMesh or None, "
+                            f"got {self.mesh!r}")
+        if not isinstance(self.option, AutoShardingOption):
+            raise TypeError(f"{type(self).__name__}(option=...) takes an AutoShardingOption, "
+                            f"got {type(self.option).__name__}")
+        object.__setattr__(self, "batch_argnums", tuple(int(i) for i in self.batch_argnums))
+        object.__setattr__(self, "params_at", tuple(int(i) for i in self.params_at))
+
+    def shard_parallel(self) -> ShardParallel:
+        """The ShardParallel that plans the unpinned values (with the preset's option changes)."""
+        return ShardParallel(mesh=self.mesh, option=self._option())
+
+    def _option(self) -> AutoShardingOption:
+        return self.option
+
+    def _param_spec(self, shape, n: int):
+        raise NotImplementedError  # each preset defines it
+
+    def _state_spec(self, shape, n: int):
+        return zero_dim(shape, n)
+
+    def pinned_args(self, args, mesh: LogicalMesh) -> list[list[int]]:
+        """One core spec (tensor dim per mesh axis, -1 = none) per flat leaf of ``args``.
+
+        Raises:
+          ShardingError: a batch leaf whose dim 0 the device count does not divide, or an
+            argument position / ``params_at`` path the arguments do not have.
+        """
+        n = mesh.num_devices
+        out = []
+        params = _params_leaf_ids(args, self.params_at)
+        for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tuple(args))[0]):
+            shape = tuple(leaf.shape)
+            if path[0].idx in self.batch_argnums:
+                dim = _batch_dim(path, shape, n)
+            elif i in params:
+                dim = self._param_spec(shape, n)
+            else:
+                dim = self._state_spec(shape, n)
+            out.append([dim if size > 1 else -1 for size in mesh.shape])
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel(_Preset):
+    """Data parallelism: batch split over all devices, parameters and optimizer state replicated,
+    one (combined) all-reduce of the gradients. Fields: see ``_Preset``."""
+
+    def _param_spec(self, shape, n):
+        return -1
+
+    def _state_spec(self, shape, n):
+        return -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero2Parallel(_Preset):
+    """ZeRO-2: parameters replicated, optimizer state sharded, gradients reduce-scattered and the
+    updated parameters all-gathered (``prefer_reduce_scatter`` is forced on; follower merging is
+    turned off so that the sharded update can feed replicated parameters). Fields: see ``_Preset``."""
+
+    def _param_spec(self, shape, n):
+        return -1
+
+    def _option(self):
+        return dataclasses.replace(self.option, merge_followers=False, prefer_reduce_scatter=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero3Parallel(_Preset):
+    """ZeRO-3 / FSDP: every parameter with ndim > 1 and all optimizer state sharded at rest;
+    parameters are all-gathered where the plan needs them whole. Fields: see ``_Preset``."""
+
+    def _param_spec(self, shape, n):
+        return zero_dim(shape, n) if len(shape) > 1 else -1
+
+
+def zero_dim(shape: tuple[int, ...], n: int) -> int:
+    """The largest dim of ``shape`` that ``n`` divides (the first among equals), or -1."""
+    best = -1
+    for dim, size in enumerate(shape):
+        if size % n == 0 and (best < 0 or size > shape[best]):
+            best = dim
+    return best if n > 1 else -1
+
+
+def _batch_dim(path, shape, n: int) -> int:
+    if not shape or shape[0] % n:
+        raise ShardingError(f"batch leaf {jax.tree_util.keystr(path)} {shape}: data parallelism splits "
+                            f"dim 0 over all {n} devices, which does not divide it; use a batch size "
+                            f"divisible by {n} or fix batch_argnums")
+    return 0
+
+
+def _params_leaf_ids(args, params_at) -> set[int]:
+    """Flat leaf indices (in ``args``) of the parameter pytree at index path ``params_at``."""
+    node = tuple(args)
+    for k in params_at:
+        try:
+            node = node[k]
+        except (IndexError, KeyError, TypeError) as e:
+            raise ShardingError(f"params_at={params_at}: the arguments have no element {k} on that "
+                                f"path; point it at the parameter pytree (e.g. (0, 0) for "
+                                f"train_step((params, opt_state), batch))") from e
+    ids = {id(x) for x in jax.tree.leaves(node)}
+    paths = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    prefix = tuple(params_at)
+    return {i for i, (path, _) in enumerate(paths) if _index_path(path)[:len(prefix)] == prefix} or \
+        {i for i, x in enumerate(jax.tree.leaves(tuple(args))) if id(x) in ids}
+
+
+def _index_path(path) -> tuple:
+    return tuple(getattr(k, "idx", getattr(k, "key", None)) for k in path)
