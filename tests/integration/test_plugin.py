@@ -71,6 +71,21 @@ def test_plugin_shards_parameters_over_all_devices(plugin_run):
     assert any("'y'" in s for s in kernels), kernels     # weights are split, not just replicated
 
 
+def test_unchanged_flax_script_matches_and_is_sharded():
+    """The issue's acceptance: an unchanged flax + optax script gives the same losses with and
+    without JAX_PLUGINS=alpa_pass, and with it its parameters end up on all 8 devices."""
+    plain, plain_run_info, _ = _run("train_flax.py")
+    out, run, _ = _run("train_flax.py", JAX_PLUGINS="alpa_pass")
+    assert plain_run_info["plugin"]["planned"] == 0
+    assert run["plugin"]["planned"] == 1 and run["plugin"]["failed"] == 0
+    assert run["compiles"]["train_step"] == 1
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert all(p["devices"] == 8 for p in out["params"])
+    kernels = [p["spec"] for p in out["params"] if "kernel" in p["path"]]
+    assert len(kernels) == 4 and any("'y'" in s for s in kernels), kernels
+
+
 def test_auto_mesh_budget_and_plan_cache(plain_run, tmp_path):
     """ALPA_PASS_MESH=auto searches the shapes of 8 devices under ALPA_PASS_MEMORY_BUDGET; with
     ALPA_PASS_CACHE a second run of the unchanged script reads the plan instead of solving."""
