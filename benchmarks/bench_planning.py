@@ -1,10 +1,18 @@
 """Planning speed: a GPT traced with jax.ShapeDtypeStruct (no parameter memory) on a logical mesh.
 
-Prints the time of each phase (trace, extract, build, solve, emit, compile), the ILP size and the
-objective, and writes them as JSON to benchmarks/results/. Not a test: never collected by pytest.
+Prints the time of each phase (trace, extract, build, solve, emit, compile), the ILP size, the
+objective and what repeated-layer tying did, and writes them as JSON to benchmarks/results/.
+Not a test: never collected by pytest.
 
     python benchmarks/bench_planning.py                      # 24 layers x hidden 2048 on 2x4
     python benchmarks/bench_planning.py --layers 4 --hidden 512 --no-compile
+    python benchmarks/bench_planning.py --no-tie-layers      # one ILP group per layer copy
+    python benchmarks/bench_planning.py --suite alpa         # Alpa's GPT cases, plan only
+    python benchmarks/bench_planning.py --suite alpa --compile   # + compile 39B for 64 CPU devices
+
+The ``alpa`` suite (Alpa's GPT sizes, seq 1024, vocab 51200, batch 64; benchmarks/models/gpt_sizes):
+1.3B on 1x4 and 2x4, 6.7B on 2x8, 39B on 8x8. ``--compile`` then compiles the 39B plan in a
+subprocess with 64 fake CPU devices and reports XLA's ``memory_analysis()`` per device.
 """
 from __future__ import annotations
 
@@ -12,12 +20,17 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=("alpa",), default=None, help="run a fixed set of cases")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)
@@ -27,18 +40,28 @@ def parse_args(argv=None):
     p.add_argument("--mesh", default="2x4", help="logical mesh shape, e.g. 2x4 or 8x8")
     p.add_argument("--beta", default=None, help="per-axis beta, e.g. 1,0.1 (default 1 per axis)")
     p.add_argument("--untied", action="store_true", help="separate LM head instead of tied embeddings")
+    p.add_argument("--no-tie-layers", action="store_true",
+                   help="AutoShardingOption(tie_repeated_layers=False): solve every layer copy")
     p.add_argument("--no-compile", action="store_true", help="plan only: skip emit + XLA compile")
+    p.add_argument("--compile", action="store_true",
+                   help="with --suite: also compile the largest case for its fake CPU devices")
+    p.add_argument("--compile-timeout", type=float, default=3600.0, help="seconds for --compile")
     p.add_argument("--time-limit", type=float, default=600.0, help="solver time limit (s)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--json", default=None, help="write the result to this file (single case)")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
 
 
-def _setup_devices(mesh_shape) -> None:
-    """Simulate prod(mesh_shape) CPU devices; must run before jax is imported."""
-    flag = f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}"
+def _setup_devices(num_devices: int) -> None:
+    """Simulate num_devices CPU devices; must run before jax is imported."""
+    flag = f"--xla_force_host_platform_device_count={num_devices}"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.models
+    sys.path.insert(0, ROOT)  # tests.models, benchmarks.*
+
+
+def _mesh_shape(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split("x"))
 
 
 def abstract_inputs(config, optimizer):
@@ -52,40 +75,61 @@ def abstract_inputs(config, optimizer):
     return state, batch
 
 
-def run(args) -> dict:
-    mesh_shape = tuple(int(s) for s in args.mesh.split("x"))
-    _setup_devices(mesh_shape)
+def tie_stats(graph, mesh, option) -> dict:
+    """What repeated-layer tying does to this graph: the core's repeat_stats (groups before and
+    after tying, regions, copies, classes), from one extra build of the problem."""
+    from alpa_pass import _core
+    from alpa_pass.plan.planner import core_graph
+
+    t = time.perf_counter()
+    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), [],
+                                           list(graph.donated_args))
+    stats = dict(problem.repeat_stats)
+    stats["build_s"] = time.perf_counter() - t
+    return stats
+
+
+def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit=600.0) -> dict:
+    """Plan (and with compile_ emit + compile) one GPT train step; the result as a JSON-ready dict."""
     import jax
 
     import alpa_pass as ap
+    from alpa_pass.plan.planner import make_plan
     from tests.models import default_optimizer, gpt
 
-    config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,
-                        layers=args.layers, batch=args.batch, tied=not args.untied)
     optimizer = default_optimizer()
     state, batch = abstract_inputs(config, optimizer)
-    beta = tuple(float(b) for b in args.beta.split(",")) if args.beta else None
     mesh = ap.LogicalMesh(shape=mesh_shape, beta=beta)
-    option = ap.AutoShardingOption(solver_time_limit_s=args.time_limit)
-    step = ap.parallelize(gpt.make_train_step(optimizer, config),
-                          method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
+    option = ap.AutoShardingOption(solver_time_limit_s=time_limit, tie_repeated_layers=tie)
+    train_step = gpt.make_train_step(optimizer, config)
     t = time.perf_counter()
-    plan = step.plan(state, batch) if args.no_compile else step.get_executable(state, batch).plan
-    wall = time.perf_counter() - t
+    plan, graph, _ = make_plan(train_step, (state, batch), mesh, option, donate_argnums=(0,))
+    result = {"timings_s": dict(plan.timings)}
+    memory = None
+    if compile_:
+        step = ap.parallelize(train_step, method=ap.ShardParallel(mesh=mesh, option=option, plan=plan),
+                              donate_argnums=(0,))
+        exe = step.get_executable(state, batch)
+        result["timings_s"].update({k: v for k, v in exe.plan.timings.items() if k in ("emit", "compile")})
+        from benchmarks.measure import memory_stats
+
+        memory = memory_stats(exe.memory_analysis())
+    result["wall_s"] = time.perf_counter() - t
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state[0]))
     return {
         "model": {"name": "gpt", "params": num_params, **{k: getattr(config, k) for k in
                   ("layers", "hidden", "heads", "seq", "vocab", "batch", "tied")}},
         "mesh": {"shape": list(mesh.shape), "alpha": list(mesh.alpha), "beta": list(mesh.beta)},
-        "compiled": not args.no_compile,
-        "timings_s": dict(plan.timings),
-        "wall_s": wall,
+        "compiled": compile_,
+        **result,
         "ilp_size": dict(plan.ilp_size),
+        "ties": tie_stats(graph, mesh, option) if tie else None,
         "objective": plan.objective,
         "predicted": dict(plan.predicted),
         "solver_status": plan.solver_status,
         "mip_gap": plan.mip_gap,
         "fallbacks": dict(plan.fallbacks),
+        "memory_per_device": memory,
         "jax": jax.__version__,
         "cpus": os.cpu_count(),
     }
@@ -108,22 +152,91 @@ def print_report(result: dict) -> None:
     console.print(table)
     size = result["ilp_size"]
     console.print("ILP: " + ", ".join(f"{k} {v}" for k, v in size.items()))
+    if result.get("ties"):
+        t = result["ties"]
+        console.print(f"ties: {t['groups_before']} -> {t['groups_after']} groups; {t['regions']} repeated "
+                      f"regions (up to {t['max_copies']} copies), {t['repeated_nodes']} repeated nodes, "
+                      f"{t['classes_tied']} classes tied, {t['classes_skipped']} skipped")
     console.print(f"objective {result['objective']:.6g} ({result['solver_status']}, gap {result['mip_gap']:.2g}); "
                   + ", ".join(f"{k} {v:.4g}" for k, v in result["predicted"].items()))
+    if result.get("memory_per_device"):
+        console.print("XLA memory per device (MiB): " + ", ".join(
+            f"{k} {v / 2**20:.1f}" for k, v in result["memory_per_device"].items()))
+
+
+def _write(result, out_dir: str, name: str, path: str | None = None) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = path or os.path.join(out_dir, f"{name}_{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    return path
+
+
+def run_single(args) -> int:
+    mesh_shape = _mesh_shape(args.mesh)
+    _setup_devices(math.prod(mesh_shape))
+    from tests.models import gpt
+
+    config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,
+                        layers=args.layers, batch=args.batch, tied=not args.untied)
+    beta = tuple(float(b) for b in args.beta.split(",")) if args.beta else None
+    result = run_case(config, mesh_shape, beta, tie=not args.no_tie_layers, compile_=not args.no_compile,
+                      time_limit=args.time_limit)
+    print_report(result)
+    m = result["model"]
+    print("wrote " + _write(result, args.out, f"planning_gpt_L{m['layers']}_H{m['hidden']}_{args.mesh}",
+                            args.json))
+    return 0
+
+
+def compile_in_subprocess(size: str, mesh: str, args) -> dict:
+    """Plan + compile one suite case in a fresh process with prod(mesh) fake CPU devices."""
+    from benchmarks.models.gpt_sizes import SIZES
+
+    c = SIZES[size]
+    path = os.path.join(args.out, f"compile_gpt_{size}_{mesh}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--layers", str(c.layers), "--hidden", str(c.hidden),
+           "--heads", str(c.heads), "--seq", str(c.seq), "--vocab", str(c.vocab), "--batch", str(c.batch),
+           "--mesh", mesh, "--time-limit", str(args.time_limit), "--json", path, "--out", args.out]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.compile_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.compile_timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:],
+                "wall_s": time.perf_counter() - t}
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_suite(args) -> int:
+    _setup_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE))
+    from benchmarks.models.gpt_sizes import SIZES
+
+    results = []
+    for size, mesh in ALPA_SUITE:
+        result = run_case(SIZES[size], _mesh_shape(mesh), tie=not args.no_tie_layers, time_limit=args.time_limit)
+        result["case"] = f"GPT-{size} on {mesh}"
+        print_report(result)
+        results.append(result)
+    suite = {"suite": "alpa", "cases": results}
+    if args.compile:
+        size, mesh = ALPA_SUITE[-1]
+        print(f"compiling GPT-{size} on {mesh} ({math.prod(_mesh_shape(mesh))} fake CPU devices) ...", flush=True)
+        suite["compile"] = {"case": f"GPT-{size} on {mesh}", **compile_in_subprocess(size, mesh, args)}
+        if "error" in suite["compile"]:
+            print(f"compile failed: {suite['compile']['error']}")
+        else:
+            print_report(suite["compile"])
+    print("wrote " + _write(suite, args.out, "planning_suite_alpa"))
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    result = run(args)
-    print_report(result)
-    os.makedirs(args.out, exist_ok=True)
-    m = result["model"]
-    name = f"planning_gpt_L{m['layers']}_H{m['hidden']}_{args.mesh}_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path = os.path.join(args.out, name)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {path}")
-    return 0
+    return run_suite(args) if args.suite else run_single(args)
 
 
 if __name__ == "__main__":

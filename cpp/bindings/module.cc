@@ -19,6 +19,7 @@
 #include "alpa/mesh.h"
 #include "alpa/pipeline_dp.h"
 #include "alpa/problem.h"
+#include "alpa/repeat.h"
 #include "alpa/spec.h"
 #include "alpa/strategy.h"
 
@@ -175,6 +176,18 @@ Out<double> strategy_costs(const ShardingProblem& p, Field field) {
   return to_numpy(std::move(out), {n});
 }
 
+nb::dict tie_stats_dict(const TieStats& st) {
+  nb::dict d;
+  d["regions"] = st.regions;
+  d["max_copies"] = st.max_copies;
+  d["repeated_nodes"] = st.repeated_nodes;
+  d["classes_tied"] = st.classes_tied;
+  d["classes_skipped"] = st.classes_skipped;
+  d["groups_before"] = st.groups_before;
+  d["groups_after"] = st.groups_after;
+  return d;
+}
+
 void bind_mesh_spec(nb::module_& m) {
   nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.")
       .def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a)
@@ -210,7 +223,8 @@ void bind_graph_strategy(nb::module_& m) {
       .def_rw("memory_cost_per_byte", &CoreOptions::memory_cost_per_byte)
       .def_rw("memory_budget_per_device", &CoreOptions::memory_budget_per_device)
       .def_rw("merge_followers", &CoreOptions::merge_followers)
-      .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel);
+      .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel)
+      .def_rw("tie_repeated_layers", &CoreOptions::tie_repeated_layers);
   nb::class_<Graph>(m, "Graph", "Flat op graph (CSR arrays, see extract/graph.py); validated.")
       .def(nb::new_(&make_graph), "kind"_a, "dtype_bytes"_a, "shape_offsets"_a, "shape_dims"_a,
            "operand_offsets"_a, "operand_ids"_a, "attr_offsets"_a, "attrs"_a)
@@ -270,10 +284,12 @@ void bind_problem(nb::module_& m) {
         const PeakMemory peak = predicted_peak(p, to_vector(assignment));
         return std::make_tuple(peak.bytes, peak.at);
       }, "assignment"_a, "(per-device peak bytes, node where reached) of a strategy per group.")
-      .def_ro("ilp", &ShardingProblem::ilp);
+      .def_ro("ilp", &ShardingProblem::ilp)
+      .def_prop_ro("repeat_stats", [](const ShardingProblem& p) { return tie_stats_dict(p.repeat); });
   m.def("build_sharding_problem", &build_sharding_problem, "graph"_a, "mesh"_a, "options"_a,
         "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
-        "donated_args"_a = std::vector<int64_t>{});
+        "donated_args"_a = std::vector<int64_t>{},
+        "pinned"_a = std::vector<std::pair<int64_t, Spec>>{});
 }
 
 void bind_ilp(nb::module_& m) {
@@ -317,6 +333,28 @@ void bind_ilp(nb::module_& m) {
   }, "ilp"_a, "x"_a);
 }
 
+// Repeated structure (alpa/repeat.h).
+void bind_repeat(nb::module_& m) {
+  m.def("structural_hashes", [](const Graph& g, int rounds) {
+    std::vector<uint64_t> h = structural_hashes(g, rounds);
+    const size_t n = h.size();
+    return to_numpy(std::move(h), {n});
+  }, "graph"_a, "rounds"_a);
+  m.def("find_repeats", [](const Graph& g, int region_rounds, int class_rounds, int stride) {
+    RepeatOptions o;
+    o.region_rounds = region_rounds;
+    o.class_rounds = class_rounds;
+    o.stride = stride;
+    RepeatClasses rc = find_repeats(g, o);
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> regions;
+    for (const RepeatRegion& r : rc.regions) regions.emplace_back(r.start, r.stop, r.period);
+    const size_t n = rc.node_class.size();
+    return std::make_tuple(to_numpy(std::move(rc.node_class), {n}), regions);
+  }, "graph"_a, "region_rounds"_a = RepeatOptions{}.region_rounds,
+     "class_rounds"_a = RepeatOptions{}.class_rounds, "stride"_a = RepeatOptions{}.stride,
+     "(node_class int64[N] (-1: none), [(start, stop, period)]) of the graph's tandem repeats.");
+}
+
 // Inter-op DPs (alpa/pipeline_dp.h): layer clustering and the stage-submesh DP.
 void bind_pipeline(nb::module_& m) {
   m.def("cluster_layers", [](In1<double> flops, In1<double> cut_bytes, int64_t layers, double eps) {
@@ -347,4 +385,5 @@ NB_MODULE(_core, m) {
   alpa::bind_problem(m);
   alpa::bind_ilp(m);
   alpa::bind_pipeline(m);
+  alpa::bind_repeat(m);
 }

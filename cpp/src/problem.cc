@@ -1,6 +1,7 @@
 // Whole-graph assembly (see problem.h): strategies per node in topological order, followers merged
-// into their leader's ILP group, resharding costs accumulated per pair of groups, ties turned into
-// equalities, the memory model (and budget rows), then build_ilp.
+// into their leader's ILP group, repeated layers' groups merged (repeat.h), resharding costs
+// accumulated per pair of groups, ties turned into equalities, the memory model (and budget
+// rows), then build_ilp.
 //
 // Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
 // i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
@@ -151,12 +152,47 @@ std::vector<IlpEquality> tie_equalities(const Graph& g, const ShardingProblem& p
   return eqs;
 }
 
+// One self-equality per pinned node: strategies whose out spec differs from the pin (on mesh axes
+// of size > 1) are forbidden.
+std::vector<IlpEquality> pin_equalities(const Graph& g, const Mesh& mesh, const ShardingProblem& p,
+                                        const std::vector<std::pair<int64_t, Spec>>& pinned) {
+  std::vector<IlpEquality> eqs;
+  for (const auto& [v, want] : pinned) {
+    if (v < 0 || v >= g.num_nodes() || static_cast<int64_t>(want.size()) != mesh.ndim()) {
+      throw std::invalid_argument("pin of node " + std::to_string(v) + ": needs a node of the graph (" +
+                                  std::to_string(g.num_nodes()) + " nodes) and one entry per mesh axis (" +
+                                  std::to_string(mesh.ndim()) + ")");
+    }
+    const auto& list = p.nodes[v].list;
+    IlpEquality eq;
+    eq.u = eq.v = p.node_group[v];
+    eq.match.assign(list.size(), -1);
+    std::string have;
+    for (size_t i = 0; i < list.size(); ++i) {
+      bool same = true;
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        if (mesh.shape[a] > 1 && list[i].out[a] != want[a]) same = false;
+      }
+      if (same) eq.match[i] = static_cast<int64_t>(i);
+      have += (i ? ", " : "") + spec_to_string(list[i].out, static_cast<int>(g.shape(v).size()));
+    }
+    if (std::all_of(eq.match.begin(), eq.match.end(), [](int64_t m) { return m < 0; })) {
+      throw std::invalid_argument("cannot pin " + node_label(g, v) + " to spec " +
+                                  spec_to_string(want, static_cast<int>(g.shape(v).size())) +
+                                  ": its strategies produce only " + have);
+    }
+    eqs.push_back(std::move(eq));
+  }
+  return eqs;
+}
+
 }  // namespace
 
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
-                                       const std::vector<int64_t>& donated_args) {
+                                       const std::vector<int64_t>& donated_args,
+                                       const std::vector<std::pair<int64_t, Spec>>& pinned) {
   graph.validate();
   mesh.validate();
   const int64_t n = graph.num_nodes();
@@ -179,6 +215,10 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
       group_size.push_back(p.nodes[v].list.size());
     }
   }
+  if (options.tie_repeated_layers) {
+    p.repeat = tie_repeated_groups(graph, p.nodes, find_repeats(graph), p.node_group, group_size);
+    num_groups = static_cast<int64_t>(group_size.size());
+  }
   Assembler as{graph, mesh, p, {}, {}, {}};
   as.group_costs.resize(num_groups);
   for (int64_t gi = 0; gi < num_groups; ++gi) as.group_costs[gi].assign(group_size[gi], 0.0);
@@ -188,6 +228,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     for (size_t t = 0; t < ops.size(); ++t) as.add_operand_edge(v, t, ops[t]);
   }
   std::vector<IlpEquality> eqs = tie_equalities(graph, p, ties);
+  for (IlpEquality& eq : pin_equalities(graph, mesh, p, pinned)) eqs.push_back(std::move(eq));
   p.memory = build_memory_model(graph, donated_args);
   std::vector<IlpLinearRow> rows;
   if (options.memory_budget_per_device > 0.0) {

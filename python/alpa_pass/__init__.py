@@ -7,6 +7,7 @@ from alpa_pass.options import AutoShardingOption, ShardParallel
 from alpa_pass.pipeline import (AutoLayerOption, AutoStageOption, ManualStageOption, PipeshardParallel,
                                 UniformStageOption, grad, mark_pipeline_boundary, value_and_grad)
 from alpa_pass.plan.plan import Plan
+from alpa_pass.presets import DataParallel, Zero2Parallel, Zero3Parallel
 from alpa_pass.runtime.executable import Executable
 
 __version__ = "0.1.0"
@@ -17,4 +18,5 @@ __all__ = [
     "ShardingError", "SolverError", "TraceError", "parallelize",
     "AutoLayerOption", "AutoStageOption", "ManualStageOption", "PipeshardParallel", "UniformStageOption",
     "grad", "mark_pipeline_boundary", "value_and_grad",
+    "DataParallel", "Zero2Parallel", "Zero3Parallel",
 ]

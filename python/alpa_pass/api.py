@@ -6,6 +6,7 @@ import functools
 import jax
 
 from alpa_pass.options import ParallelMethod, ShardParallel
+from alpa_pass.presets import PresetParallel
 from alpa_pass.runtime.executable import Executable
 
 
@@ -70,9 +71,11 @@ class ParallelizedFunction:
         from alpa_pass.plan.planner import make_plan
 
         method = self._shard_method()
-        plan, _, _ = make_plan(self._bind_static(args), self._dynamic(args), method.resolved_mesh(),
+        dyn = self._dynamic(args)
+        plan, _, _ = make_plan(self._bind_static(args), dyn, method.resolved_mesh(),
                                method.option, saved=method.plan,
-                               donate_argnums=self._dynamic_positions(self.donate_argnums, len(args)))
+                               donate_argnums=self._dynamic_positions(self.donate_argnums, len(args)),
+                               pinned_args=self._pins(dyn, method))
         return plan
 
     @property
@@ -91,14 +94,20 @@ class ParallelizedFunction:
         donate = self._dynamic_positions(self.donate_argnums, len(args))
         method = self._shard_method()
         plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate,
-                                          saved=method.plan)
+                                          saved=method.plan, pinned_args=self._pins(dyn, method))
         out_treedef = jax.tree.structure(compiled.output_shardings)
         return Executable(plan, compiled, treedef, out_treedef)
 
     def _shard_method(self) -> ShardParallel:
+        if isinstance(self.method, PresetParallel):
+            return self.method.shard_parallel()
         if not isinstance(self.method, ShardParallel):
             raise NotImplementedError(f"{type(self.method).__name__} is not implemented yet; use ShardParallel")
         return self.method
+
+    def _pins(self, dyn, method: ShardParallel):
+        """The preset's forced argument layouts (None for ShardParallel)."""
+        return self.method.pinned_args(dyn, method.resolved_mesh()) if isinstance(self.method, PresetParallel) else None
 
     def _dynamic(self, args):
         return tuple(a for i, a in enumerate(args) if i not in self.static_argnums)

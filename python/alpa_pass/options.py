@@ -38,6 +38,12 @@ class AutoShardingOption:
         next process planning the same step skips the solver (``plan.origin == "cache"``).
       show_progress: a status line (stage, ILP size, elapsed) on stderr while planning; ``None``
         = only when stderr is a terminal and planning takes over ~2 s.
+      tie_repeated_layers: solve repeated layers once: nodes at the same place of structurally
+        repeated blocks (the layers a Python loop unrolls into) share one ILP choice, so L identical
+        layers do not make an L-times larger ILP (``ShardingProblem.repeat_stats`` says what was tied).
+      prefer_reduce_scatter: weight-update sharding: where the plan reduces a partial sum (e.g. a
+        weight gradient over a split batch) into a split layout, emit an explicit reduce-scatter
+        (``emit/reduce_scatter.py``) instead of XLA's all-reduce + slice.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -54,6 +60,8 @@ class AutoShardingOption:
     tie_outputs_to_inputs: bool = True
     plan_cache_dir: str | None = None
     show_progress: bool | None = None
+    tie_repeated_layers: bool = True
+    prefer_reduce_scatter: bool = False
 
     def __post_init__(self):
         if self.emit not in ("all", "anchors"):
@@ -86,6 +94,7 @@ class AutoShardingOption:
         opts.memory_budget_per_device = float(self.memory_budget_per_device or 0)
         opts.merge_followers = self.merge_followers
         opts.replicate_below_numel = self.replicate_below_numel
+        opts.tie_repeated_layers = self.tie_repeated_layers
         return opts
 
 

@@ -30,7 +30,7 @@ from alpa_pass.options import AutoShardingOption, ParallelMethod, ShardParallel
 
 
 @dataclasses.dataclass(frozen=True)
-class _Preset(ParallelMethod):
+class PresetParallel(ParallelMethod):
     """Shared fields of the presets.
 
     Attributes:
@@ -92,9 +92,9 @@ class _Preset(ParallelMethod):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataParallel(_Preset):
+class DataParallel(PresetParallel):
     """Data parallelism: batch split over all devices, parameters and optimizer state replicated,
-    one (combined) all-reduce of the gradients. Fields: see ``_Preset``."""
+    one (combined) all-reduce of the gradients. Fields: see ``PresetParallel``."""
 
     def _param_spec(self, shape, n):
         return -1
@@ -104,10 +104,10 @@ class DataParallel(_Preset):
 
 
 @dataclasses.dataclass(frozen=True)
-class Zero2Parallel(_Preset):
+class Zero2Parallel(PresetParallel):
     """ZeRO-2: parameters replicated, optimizer state sharded, gradients reduce-scattered and the
     updated parameters all-gathered (``prefer_reduce_scatter`` is forced on; follower merging is
-    turned off so that the sharded update can feed replicated parameters). Fields: see ``_Preset``."""
+    turned off so that the sharded update can feed replicated parameters). Fields: see ``PresetParallel``."""
 
     def _param_spec(self, shape, n):
         return -1
@@ -117,12 +117,15 @@ class Zero2Parallel(_Preset):
 
 
 @dataclasses.dataclass(frozen=True)
-class Zero3Parallel(_Preset):
+class Zero3Parallel(PresetParallel):
     """ZeRO-3 / FSDP: every parameter with ndim > 1 and all optimizer state sharded at rest;
-    parameters are all-gathered where the plan needs them whole. Fields: see ``_Preset``."""
+    parameters are all-gathered where the plan needs them whole. Fields: see ``PresetParallel``."""
 
     def _param_spec(self, shape, n):
         return zero_dim(shape, n) if len(shape) > 1 else -1
+
+    def _option(self):
+        return dataclasses.replace(self.option, merge_followers=False)
 
 
 def zero_dim(shape: tuple[int, ...], n: int) -> int:
@@ -144,19 +147,12 @@ def _batch_dim(path, shape, n: int) -> int:
 
 def _params_leaf_ids(args, params_at) -> set[int]:
     """Flat leaf indices (in ``args``) of the parameter pytree at index path ``params_at``."""
-    node = tuple(args)
-    for k in params_at:
-        try:
-            node = node[k]
-        except (IndexError, KeyError, TypeError) as e:
-            raise ShardingError(f"params_at={params_at}: the arguments have no element {k} on that "
-                                f"path; point it at the parameter pytree (e.g. (0, 0) for "
-                                f"train_step((params, opt_state), batch))") from e
-    ids = {id(x) for x in jax.tree.leaves(node)}
     paths = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-    prefix = tuple(params_at)
-    return {i for i, (path, _) in enumerate(paths) if _index_path(path)[:len(prefix)] == prefix} or \
-        {i for i, x in enumerate(jax.tree.leaves(tuple(args))) if id(x) in ids}
+    ids = {i for i, (path, _) in enumerate(paths) if _index_path(path)[:len(params_at)] == params_at}
+    if not ids:
+        raise ShardingError(f"params_at={params_at} names no argument leaves; point it at the parameter "
+                            f"pytree (e.g. (0, 0) for train_step((params, opt_state), batch))")
+    return ids
 
 
 def _index_path(path) -> tuple:

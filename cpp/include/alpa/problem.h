@@ -9,6 +9,7 @@
 #include "alpa/ilp.h"
 #include "alpa/memory.h"
 #include "alpa/mesh.h"
+#include "alpa/repeat.h"
 #include "alpa/strategy.h"
 
 namespace alpa {
@@ -18,6 +19,7 @@ struct ShardingProblem {
   std::vector<int64_t> node_group;    // ILP group of each node; node strategy k == group choice k
   MemoryModel memory;                 // liveness of the materialised values
   int64_t num_memory_rows = 0;        // ILP linear rows from the memory budget (0 without one)
+  TieStats repeat;                    // repeated-layer ties (all zero unless tie_repeated_layers)
   IlpProblem ilp;
 };
 
@@ -25,10 +27,15 @@ struct ShardingProblem {
 // replaces in a training loop); emitted as IlpEquality by spec equality. `donated_args`: flat
 // entry-argument indices whose buffers may be reused (live only until their last use).
 // With options.memory_budget_per_device > 0 the ILP gets memory_rows(...) as linear rows.
+// With options.tie_repeated_layers the groups of repeated leaders are merged (repeat.h).
+// `pinned`: (node, spec) pairs; the node may only take strategies whose out spec equals spec
+// (entries on size-1 mesh axes are ignored), emitted as a self-equality (u == v) that forbids the
+// rest. Throws std::invalid_argument naming the node and its specs if none matches.
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
-                                       const std::vector<int64_t>& donated_args = {});
+                                       const std::vector<int64_t>& donated_args = {},
+                                       const std::vector<std::pair<int64_t, Spec>>& pinned = {});
 
 // Per-device peak memory of a strategy index per ILP group (see memory.h).
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);

@@ -25,6 +25,8 @@ struct CoreOptions {
   double memory_cost_per_byte = 1e-9;
   // Per-device memory budget in bytes (peak of live values, see memory.h); <= 0: no budget.
   double memory_budget_per_device = 0.0;
+  // Solve repeated layers once: merge the ILP groups of structurally repeated nodes (repeat.h).
+  bool tie_repeated_layers = true;
 };
 
 struct Strategy {

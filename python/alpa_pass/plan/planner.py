@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding
 
 from alpa_pass import _compat
 from alpa_pass.emit.constraints import insert_constraints
+from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
 from alpa_pass.errors import CompileError, ExtractError, ShardingError
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
@@ -126,9 +127,14 @@ def plan_and_compile(fn, args, mesh, option: AutoShardingOption, donate_argnums=
     out_sh = [NamedSharding(jmesh, s) for s in plan.output_specs]
     lowered = lower(fn, args, donate_argnums=donate_argnums, in_shardings=in_sh,
                     out_shardings=jax.tree.unflatten(out_tree, out_sh))
+    module = _compat.lowered_module(lowered)
+    dots = locate_partial_sum_dots(module, graph, plan, mesh) if option.prefer_reduce_scatter else []
     plan.emit_report = insert_constraints(
-        _compat.lowered_module(lowered), graph, constraint_targets(graph, plan, mesh, option),
+        module, graph, constraint_targets(graph, plan, mesh, option),
         operand_dim_shardings=operand_targets(graph, plan, mesh))
+    if dots:
+        log.info("%s: %d partial-sum dots reduce-scattered", fn_name(fn),
+                 rewrite_reduce_scatter(module, dots, plan, mesh))
     timings["emit"] = time.perf_counter() - t
 
     t = time.perf_counter()

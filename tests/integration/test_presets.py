@@ -1,0 +1,135 @@
+"""Presets (DataParallel, Zero2Parallel, Zero3Parallel) and prefer_reduce_scatter: single-device
+numerics over 3 Adam steps, the argument layouts each preset forces, and the collectives in the HLO."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from alpa_pass.errors import ShardingError
+from tests import helpers
+from tests.models import default_optimizer, gpt, init_state, mlp
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 3
+
+
+def _gpt():
+    config = gpt.Config(layers=2)
+    optimizer = default_optimizer()
+    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
+    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    return gpt.make_train_step(optimizer, config), state, batches
+
+
+def _run_and_compare(step_fn, state, batches, method):
+    """Runs 3 steps with ``method`` and plain jit on one device; returns the executable."""
+    dev = jax.devices()[0]
+    ref, ref_state, ref_losses = jax.jit(step_fn), jax.device_put(state, dev), []
+    for batch in batches:
+        ref_state, loss = ref(ref_state, jax.device_put(batch, dev))
+        ref_losses.append(float(loss))
+    step = ap.parallelize(step_fn, method=method)
+    exe = step.get_executable(state, batches[0])
+    losses = []
+    for batch in batches:
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
+    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    assert step.num_plans == 1
+    return exe
+
+
+def _specs(state, batch, exe, mesh):
+    """(param path -> split dims, opt-state path -> split dims, batch path -> split dims)."""
+    shapes = [x.shape for x in jax.tree.leaves((state, batch))]
+    by_path = helpers.specs_by_path((state, batch), exe.plan.input_specs)
+    dims = {p: helpers.split_dims(s, len(shape), mesh) for (p, s), shape in zip(by_path.items(), shapes)}
+    params = {p: d for p, d in dims.items() if p.startswith("[0][0]")}
+    opt = {p: d for p, d in dims.items() if p.startswith("[0][1]")}
+    batch_dims = {p: d for p, d in dims.items() if p.startswith("[1]")}
+    return params, opt, batch_dims, dict(zip(by_path, shapes))
+
+
+def _param_bytes(state) -> int:
+    return sum(x.size * 4 for x in jax.tree.leaves(state[0]))
+
+
+def test_data_parallel_gpt():
+    step_fn, state, batches = _gpt()
+    mesh = ap.LogicalMesh(shape=(2, 4))
+    exe = _run_and_compare(step_fn, state, batches, ap.DataParallel(mesh=mesh))
+    params, opt, batch, _ = _specs(state, batches[0], exe, mesh)
+    assert all(d == {} for d in params.values()) and all(d == {} for d in opt.values())
+    assert all(d == {0: ("x", "y")} for d in batch.values())
+    count = helpers.count(exe.hlo_text())
+    assert count["reduce-scatter"] == 0
+    assert helpers.total_bytes(exe.hlo_text())["all-reduce"] >= _param_bytes(state)  # every gradient
+
+
+def test_zero3_gpt_shards_matrices_and_state():
+    step_fn, state, batches = _gpt()
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    exe = _run_and_compare(step_fn, state, batches, ap.Zero3Parallel(mesh=mesh))
+    params, opt, batch, shapes = _specs(state, batches[0], exe, mesh)
+    for path, dims in params.items():
+        want = {int(np.argmax(shapes[path])): ("y",)} if len(shapes[path]) > 1 else {}
+        assert dims == want, path
+    assert all(len(d) == 1 for p, d in opt.items() if len(shapes[p]) >= 1), "optimizer state is sharded"
+    assert all(d == {0: ("y",)} for d in batch.values())
+
+
+def test_zero2_gpt_reduce_scatters_gradients():
+    step_fn, state, batches = _gpt()
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    exe = _run_and_compare(step_fn, state, batches, ap.Zero2Parallel(mesh=mesh))
+    params, opt, _, shapes = _specs(state, batches[0], exe, mesh)
+    assert all(d == {} for d in params.values())
+    assert all(len(d) == 1 for p, d in opt.items() if len(shapes[p]) >= 1), "optimizer state is sharded"
+    rs = [c for c in helpers.collectives(exe.hlo_text()) if c.kind == "reduce-scatter"]
+    assert rs and all(c.group_size == 8 for c in rs)
+    # What remains all-reduced: gradients that are not dots (bias / LayerNorm reductions) and the
+    # loss; no all-reduce carries a matrix gradient the plan reduce-scatters.
+    assert sum(c.bytes for c in rs) * 8 <= _param_bytes(state)
+
+
+def test_prefer_reduce_scatter_mlp():
+    config = mlp.Config(num_layers=3, hidden=64, batch=64)
+    optimizer = default_optimizer()
+    state = init_state(mlp.init(jax.random.key(0), config), optimizer)
+    batches = [mlp.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    option = ap.AutoShardingOption(prefer_reduce_scatter=True)
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    exe = _run_and_compare(mlp.make_train_step(optimizer), state, batches,
+                           ap.ShardParallel(mesh=mesh, option=option))
+    count = helpers.count(exe.hlo_text())
+    assert count["reduce-scatter"] >= 1
+    plain = ap.parallelize(mlp.make_train_step(optimizer), method=ap.ShardParallel(mesh=mesh))
+    plain_count = helpers.count(plain.get_executable(state, batches[0]).hlo_text())
+    assert plain_count["reduce-scatter"] == 0
+    assert count["all-reduce"] <= plain_count["all-reduce"]
+
+
+def test_preset_rejects_indivisible_batch():
+    step_fn, state, batches = _gpt()
+    step = ap.parallelize(step_fn, method=ap.DataParallel(mesh=ap.LogicalMesh(shape=(1, 8))))
+    small = jax.tree.map(lambda x: x[:4], batches[0])
+    with pytest.raises(ShardingError, match="dim 0"):
+        step.get_executable(state, small)
+
+
+def test_pin_without_matching_strategy_names_the_node():
+    from alpa_pass.extract.stablehlo import extract_graph
+    from alpa_pass.plan.planner import plan_graph
+
+    x = jax.ShapeDtypeStruct((8, 16), np.float32)
+    graph = extract_graph(jax.jit(lambda a: (a * 2.0).sum()).lower(x).compiler_ir("stablehlo"))
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    param = graph.param_nodes()[0]
+    plan = plan_graph(graph, mesh, ap.AutoShardingOption(), pinned=[(param, [-1, 1])])
+    assert list(plan.node_specs[param])[1] == 1
+    with pytest.raises(ValueError, match=f"cannot pin node {param}"):
+        plan_graph(graph, mesh, ap.AutoShardingOption(), pinned=[(param, [-1, 5])])
