@@ -26,7 +26,12 @@ class ExtractError(AlpaPassError):
 
 
 class InfeasibleError(AlpaPassError):
-    """The sharding ILP has no solution (e.g. memory budget too small)."""
+    """The sharding ILP has no solution (e.g. memory budget too small).
+
+    ``smallest_feasible_bytes``: for a memory budget no plan meets, the smallest per-device budget
+    the planner estimates feasible (None otherwise)."""
+
+    smallest_feasible_bytes = None
 
 
 class SolverError(AlpaPassError):

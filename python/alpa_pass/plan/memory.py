@@ -43,11 +43,13 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         smallest = smallest_feasible_peak(problem, options)
         if smallest is None or (isinstance(e, SolverError) and smallest <= budget):
             raise
-        raise InfeasibleError(
+        err = InfeasibleError(
             f"no sharding plan on mesh {where} keeps the per-device peak memory under "
             f"memory_budget_per_device = {_gib(budget)} GiB ({int(budget)} bytes); the smallest budget "
             f"the planner estimates feasible is {_gib(smallest)} GiB ({math.ceil(smallest)} bytes); "
-            f"raise memory_budget_per_device or use more devices") from e
+            f"raise memory_budget_per_device or use more devices")
+        err.smallest_feasible_bytes = math.ceil(smallest)
+        raise err from e
 
 
 def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:

@@ -41,7 +41,8 @@ class Plan:
       node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
       operand_specs: per node, the core spec each operand must have for the chosen strategy.
       choices: a NodeChoice per graph node.
-      ilp_size: {"columns", "rows", "nonzeros", "groups", "edge_columns", "nodes"}.
+      ilp_size: {"columns", "rows", "nonzeros", "groups", "edge_columns", "nodes", "memory_rows",
+        "groups_untied" (groups before repeated layers were tied)}.
       solve_time_s, solver_status, mip_gap: how the solve went.
       timings: seconds per phase ("trace", "extract", "build", "solve", "emit", "compile").
       fallbacks: op name -> count of ops planned as replicated because the core does not know them.
@@ -89,7 +90,9 @@ class Plan:
         console.print(f"predicted peak memory per device {self.predicted_peak_bytes / 2**20:.4g} MiB "
                       f"({int(self.predicted_peak_bytes)} bytes)")
         size = self.ilp_size
-        console.print(f"ILP: {size['nodes']} ops -> {size['groups']} groups, {size['columns']} columns "
+        tied = (f" ({size['groups_untied']} before tying repeated layers)"
+                if size.get("groups_untied", size["groups"]) != size["groups"] else "")
+        console.print(f"ILP: {size['nodes']} ops -> {size['groups']} groups{tied}, {size['columns']} columns "
                       f"({size['edge_columns']} edge), {size['rows']} rows, {size['nonzeros']} nonzeros")
         console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()) +
                       ("" if self.origin == "solver" else f"   (plan from {self.origin}, not solved)"))
@@ -179,7 +182,8 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     predicted["peak_bytes"] = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
     ilp_size = {"nodes": graph.num_nodes, "groups": int(ilp.num_groups), "columns": int(ilp.num_cols),
                 "edge_columns": int(ilp.num_edge_vars), "rows": int(ilp.num_rows),
-                "nonzeros": int(len(ilp.a_value)), "memory_rows": int(problem.num_memory_rows)}
+                "nonzeros": int(len(ilp.a_value)), "memory_rows": int(problem.num_memory_rows),
+                "groups_untied": int(problem.repeat_stats["groups_before"])}
     return Plan(mesh=mesh, objective=float(solution.objective), predicted=predicted,
                 input_specs=[choices[v].spec for v in graph.param_nodes()],
                 output_specs=[choices[v].spec for v in graph.output_nodes()],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import logging
 import time
 
@@ -12,7 +13,7 @@ from jax.sharding import NamedSharding
 from alpa_pass import _compat
 from alpa_pass.emit.constraints import insert_constraints
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
-from alpa_pass.errors import CompileError, ExtractError, ShardingError
+from alpa_pass.errors import CompileError, ExtractError, InfeasibleError, ShardingError
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
@@ -103,9 +104,17 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     timings["build"] = time.perf_counter() - t
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
-    solution = solve_within_budget(problem, option.memory_budget_per_device, SolveOptions(
-        time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
-        threads=option.solver_threads, log_to_console=option.solver_log), where)
+    try:
+        solution = solve_within_budget(problem, option.memory_budget_per_device, SolveOptions(
+            time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
+            threads=option.solver_threads, log_to_console=option.solver_log), where)
+    except InfeasibleError:
+        if option.memory_budget_per_device is None or not option.tie_repeated_layers:
+            raise
+        # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
+        log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
+        return plan_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
+                          timings, progress, pinned)
     timings["solve"] = solution.solve_time_s
     plan = build_plan(graph, problem, solution, mesh, timings)
     plan.made_with = made_with(option)
