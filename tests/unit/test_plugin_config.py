@@ -67,10 +67,16 @@ def test_memory_budget_parsed():
         load_config({"ALPA_PASS_MEMORY_BUDGET": "lots"})
 
 
-@pytest.mark.parametrize("method", ["data", "zero2", "zero3"])
-def test_methods_not_implemented_yet(method):
-    with pytest.raises(PluginConfigError, match=f"ALPA_PASS_METHOD='{method}' is not implemented yet"):
-        load_config({"ALPA_PASS_METHOD": method})
+@pytest.mark.parametrize("method", ["data", "zero3", "SHARD"])
+def test_preset_methods(method):
+    assert load_config({"ALPA_PASS_METHOD": method}).method == method.lower()
+
+
+def test_zero2_and_auto_mesh_presets_are_refused_with_a_way_out():
+    with pytest.raises(PluginConfigError, match="ALPA_PASS_METHOD='zero2' is not available.*Zero2Parallel"):
+        load_config({"ALPA_PASS_METHOD": "zero2"})
+    with pytest.raises(PluginConfigError, match="'auto' works with ALPA_PASS_METHOD=shard only"):
+        load_config({"ALPA_PASS_METHOD": "data", "ALPA_PASS_MESH": "auto"})
 
 
 def test_unknown_method_and_log_level():

@@ -160,6 +160,7 @@ class LoweringHook:
         from alpa_pass.extract.stablehlo import extract_graph
         from alpa_pass.options import AutoShardingOption
         from alpa_pass.plan.obtain import obtain_plan
+        from alpa_pass.plugin.presets import PRESET_METHODS, preset_option, preset_pins
         from alpa_pass.plan.planner import constraint_targets, operand_targets
         from alpa_pass.plan.serialize import fingerprint
         from alpa_pass.runtime.multiprocess import check_same_plan
@@ -179,7 +180,13 @@ class LoweringHook:
         ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
         module = _compat.computation_module(probe)
         digest = fingerprint(module.operation.get_asm(enable_debug_info=False), in_avals, graph.num_nodes)
-        plan = obtain_plan(graph, self.logical_mesh(), option, ties, timings, digest)
+        pinned = ()
+        if self.config.method in PRESET_METHODS:
+            mesh = self.logical_mesh()
+            option = preset_option(self.config.method, option)
+            pinned = preset_pins(self.config.method, graph, ties, mesh)
+            digest = hashlib.sha256(f"{digest}|{self.config.method}|pinned={pinned}".encode()).hexdigest()
+        plan = obtain_plan(graph, self.logical_mesh(), option, ties, timings, digest, pinned=pinned)
         mesh = plan.mesh  # the chosen one when ALPA_PASS_MESH=auto searched several
         timings = plan.timings  # obtain_plan starts the plan's timings from a copy
         check_same_plan(plan, "plan of a jax.jit computation")
