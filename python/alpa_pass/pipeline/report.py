@@ -69,7 +69,11 @@ class PipelinePlan:
 
 def save_timeline(plan: PipelinePlan, path: str) -> str:
     """Draw the schedule as a PNG: one row per submesh, one box per forward/backward task."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("save_timeline draws with matplotlib: pip install 'alpa-pass[plot]' "
+                          "(or matplotlib)") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
