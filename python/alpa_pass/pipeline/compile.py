@@ -18,7 +18,7 @@ from jax.extend.core import Literal
 from alpa_pass.errors import ShardingError
 from alpa_pass.pipeline import layers as layer_mod
 from alpa_pass.pipeline import stages as stage_mod
-from alpa_pass.pipeline.options import AutoLayerOption, AutoStageOption, ManualStageOption, PipeshardParallel
+from alpa_pass.pipeline.options import AutoStageOption, ManualStageOption, PipeshardParallel
 from alpa_pass.pipeline.program import StageFunctions, build_programs
 from alpa_pass.pipeline.schedule import clock, stage_orders
 from alpa_pass.pipeline.trace import TracedStep, eval_eqns, trace_step
