@@ -28,6 +28,8 @@ class AutoShardingOption:
       solver_rel_gap: HiGHS relative MIP gap at which to stop.
       solver_threads: HiGHS threads (1 keeps results deterministic).
       solver_log: print HiGHS's log to the terminal.
+      solver_objective_bound: stop a solve as soon as HiGHS proves no plan beats this objective
+        (SolverError "cannot beat"); the mesh search sets it to the best objective found so far.
       emit: "all" constrains every planned value in the module; "anchors" only dots, convolutions,
         reduces and gathers/scatters (XLA propagates the rest).
       tie_outputs_to_inputs: an output leaf whose pytree position matches an input leaf of the same
@@ -56,6 +58,7 @@ class AutoShardingOption:
     solver_rel_gap: float = 1e-4
     solver_threads: int = 1
     solver_log: bool = False
+    solver_objective_bound: float | None = None
     emit: str = "all"
     tie_outputs_to_inputs: bool = True
     plan_cache_dir: str | None = None

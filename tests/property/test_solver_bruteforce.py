@@ -88,3 +88,13 @@ def test_log_is_kept_on_request():
     sol = solve_ilp(ilp, SolveOptions(keep_log=True))
     assert "HiGHS" in sol.log
     assert sol.assignment.tolist() == [1] and sol.objective == pytest.approx(1.0)
+
+
+def test_objective_bound_cuts_off_solves_that_cannot_beat_it():
+    from alpa_pass.errors import SolverError
+
+    ilp = _core.build_ilp([np.array([5.0, 7.0]), np.array([1.0, 2.0, 3.0])],
+                          [(0, 1, np.array([[1.0, 2, 3], [4, 5, 6]]))], [])
+    assert solve_ilp(ilp, SolveOptions(objective_bound=100.0)).objective == pytest.approx(7.0)
+    with pytest.raises(SolverError, match="cannot beat objective 3"):
+        solve_ilp(ilp, SolveOptions(objective_bound=3.0))

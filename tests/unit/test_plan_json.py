@@ -148,12 +148,13 @@ def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
     objectives = {(1, 8): 8.0, (2, 4): 6.0, (2, 2, 2): 6.0}
     calls = []
 
-    def plan_one(mesh):
-        calls.append(mesh.shape)
+    def plan_one(mesh, bound):
+        calls.append((mesh.shape, bound))
         return _FakePlan(mesh, objectives[mesh.shape])
 
     best = auto_mesh.search_meshes(auto_mesh.candidate_meshes(8), plan_one)
-    assert calls == [(1, 8), (2, 4), (2, 2, 2)]  # 4x2 and 8x1 pose the same ILPs as 2x4 and 1x8
+    # 4x2 and 8x1 pose the same ILPs as 2x4 and 1x8; each solve is bounded by the best so far
+    assert calls == [((1, 8), None), ((2, 4), 8.0), ((2, 2, 2), 6.0)]
     assert best.mesh.shape == (2, 4)  # 2x2x2 ties with it: the earlier shape is kept
     assert [(tuple(e["shape"]), e["objective"], e.get("same_as")) for e in best.mesh_search] == [
         ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 6.0, [2, 4]), ((8, 1), 8.0, [1, 8]),
@@ -166,7 +167,7 @@ def test_search_solves_permutations_with_other_costs_and_survives_infeasible_sha
     meshes = [ap.LogicalMesh(shape=(2, 4), beta=(1.0, 0.1)), ap.LogicalMesh(shape=(4, 2), beta=(1.0, 0.1)),
               ap.LogicalMesh(shape=(8, 1))]
 
-    def plan_one(mesh):
+    def plan_one(mesh, bound):
         if mesh.shape == (2, 4):
             raise ap.InfeasibleError("too small")
         return _FakePlan(mesh, 3.0)

@@ -38,7 +38,10 @@ def candidate_meshes(n: int, devices=None) -> tuple[LogicalMesh, ...]:
 
 
 def search_meshes(meshes, plan_one):
-    """Plan each mesh with ``plan_one(mesh) -> Plan`` and return the cheapest plan.
+    """Plan each mesh with ``plan_one(mesh, bound) -> Plan`` and return the cheapest plan.
+
+    ``bound`` is the best objective so far (None for the first mesh): a solve may stop with a
+    SolverError once it proves it cannot beat it (recorded like a mesh with no plan).
 
     The returned plan's ``mesh_search`` lists every mesh in order as {"shape", "objective",
     "solve_s", "origin"} ("same_as": [shape] for a symmetric repeat, "error" for a mesh with no
@@ -56,7 +59,7 @@ def search_meshes(meshes, plan_one):
             continue
         t = time.perf_counter()
         try:
-            plan = plan_one(mesh)
+            plan = plan_one(mesh, None if best is None else best.objective)
         except (InfeasibleError, SolverError) as e:
             error = e
             solved[key] = {"shape": list(mesh.shape), "objective": None, "solve_s": time.perf_counter() - t,

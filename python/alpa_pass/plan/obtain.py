@@ -31,8 +31,11 @@ def obtain_plan(graph, mesh, option, ties, timings: dict, fingerprint: str, *, s
         return apply_saved(saved, graph, mesh, fingerprint, dict(timings))
     if isinstance(mesh, LogicalMesh):
         return plan_one(graph, mesh, option, ties, dict(timings), fingerprint, progress, pinned)
-    return search_meshes(tuple(mesh), lambda m: plan_one(graph, m, option, ties, dict(timings),
-                                                         fingerprint, progress, pinned))
+    def plan_bounded(m, bound):  # a mesh that cannot beat the best so far is cut off early
+        bounded = option if bound is None else dataclasses.replace(option, solver_objective_bound=bound)
+        return plan_one(graph, m, bounded, ties, dict(timings), fingerprint, progress, pinned)
+
+    return search_meshes(tuple(mesh), plan_bounded)
 
 
 def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint: str, progress=None,

@@ -107,7 +107,8 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     try:
         solution = solve_within_budget(problem, option.memory_budget_per_device, SolveOptions(
             time_limit_s=option.solver_time_limit_s, rel_gap=option.solver_rel_gap,
-            threads=option.solver_threads, log_to_console=option.solver_log), where)
+            threads=option.solver_threads, log_to_console=option.solver_log,
+            objective_bound=option.solver_objective_bound), where)
     except InfeasibleError:
         if option.memory_budget_per_device is None or not option.tie_repeated_layers:
             raise

@@ -29,7 +29,8 @@ FORMAT_VERSION = 1
 
 # Options that change what is planned are recorded (and key the cache); these only change how a
 # plan is shown, emitted or looked up.
-_NOT_PLANNING_OPTIONS = frozenset({"solver_log", "emit", "plan_cache_dir", "show_progress"})
+_NOT_PLANNING_OPTIONS = frozenset({"solver_log", "emit", "plan_cache_dir", "show_progress",
+                                   "solver_objective_bound"})
 # Plan fields stored in their own form (everything else must be JSON-native data).
 _SPECIAL_FIELDS = frozenset({"mesh", "choices", "input_specs", "output_specs", "emit_report"})
 _CHOICE_COLUMNS = ("kind", "label", "shape", "dtype_bytes", "strategy", "cost")

@@ -24,6 +24,7 @@ class SolveOptions:
     log_to_console: bool = False
     keep_log: bool = False
     seed: int = 0
+    objective_bound: float | None = None
 
 
 @dataclasses.dataclass
@@ -62,6 +63,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))
     h.setOptionValue("threads", int(options.threads))
     h.setOptionValue("random_seed", int(options.seed))
+    if options.objective_bound is not None:
+        h.setOptionValue("objective_bound", float(options.objective_bound))
     _pass_model(h, problem, highspy)
     start = time.perf_counter()
     if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
@@ -73,6 +76,10 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
     status = h.getModelStatus()
     status_text = h.modelStatusToString(status)
     log = _read_and_remove(log_path)
+    if status == highspy.HighsModelStatus.kInfeasible and options.objective_bound is not None:
+        # HiGHS uses the bound as a cutoff and reports a cut-off problem as infeasible.
+        raise SolverError(f"cannot beat objective {options.objective_bound:.6g}: HiGHS proved no plan "
+                          f"is cheaper (stopped after {elapsed:.1f}s)")
     if status == highspy.HighsModelStatus.kInfeasible:
         raise InfeasibleError(f"the sharding ILP is infeasible (HiGHS: {status_text}); relax the "
                               f"constraints (memory budget, forced shardings) or use a larger mesh")
