@@ -89,11 +89,15 @@ def test_zero2_gpt_reduce_scatters_gradients():
     params, opt, _, shapes = _specs(state, batches[0], exe, mesh)
     assert all(d == {} for d in params.values())
     assert all(len(d) == 1 for p, d in opt.items() if len(shapes[p]) >= 1), "optimizer state is sharded"
-    rs = [c for c in helpers.collectives(exe.hlo_text()) if c.kind == "reduce-scatter"]
+    found = helpers.collectives(exe.hlo_text())
+    rs = [c for c in found if c.kind == "reduce-scatter"]
     assert rs and all(c.group_size == 8 for c in rs)
-    # What remains all-reduced: gradients that are not dots (bias / LayerNorm reductions) and the
-    # loss; no all-reduce carries a matrix gradient the plan reduce-scatters.
     assert sum(c.bytes for c in rs) * 8 <= _param_bytes(state)
+    # The 32-element bias / LayerNorm gradients (sums over the split batch; twelve of them were
+    # all-reduced before sums were rewritten) are reduce-scattered to 4 elements a device; the only
+    # all-reduces left carry scalars (the loss), no gradient.
+    assert sum(1 for c in rs if c.shapes == ((32 // 8,),)) >= 12
+    assert all(shape == () for c in found if c.kind == "all-reduce" for shape in c.shapes)
 
 
 def test_prefer_reduce_scatter_mlp():

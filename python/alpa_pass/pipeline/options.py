@@ -5,6 +5,7 @@ import dataclasses
 
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption, ParallelMethod
+from alpa_pass.pipeline.transfer import TRANSFER_MODES
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -111,6 +112,9 @@ class PipeshardParallel(ParallelMethod):
       pipeline_schedule: ``"1f1b"`` or ``"gpipe"``.
       batch_argnums: positions of the train step's arguments that hold the batch.
       option: intra-op planner options for every stage.
+      transfer: how values cross submeshes: ``"send_once_gather"`` (a tensor the destination
+        replicates is sent split over the replicating axes, then all-gathered inside the
+        destination mesh) or ``"direct"`` (one device_put of the full replicas).
     """
 
     mesh: LogicalMesh | None = None
@@ -120,6 +124,7 @@ class PipeshardParallel(ParallelMethod):
     pipeline_schedule: str = "1f1b"
     batch_argnums: tuple = (1,)
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    transfer: str = "send_once_gather"
 
     def __post_init__(self):
         if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
@@ -137,6 +142,9 @@ class PipeshardParallel(ParallelMethod):
         if self.pipeline_schedule not in SCHEDULES:
             raise ValueError(f"PipeshardParallel.pipeline_schedule must be one of {SCHEDULES}, "
                              f"got {self.pipeline_schedule!r}")
+        if self.transfer not in TRANSFER_MODES:
+            raise ValueError(f"PipeshardParallel.transfer must be one of {TRANSFER_MODES}, "
+                             f"got {self.transfer!r}")
         argnums = (self.batch_argnums,) if isinstance(self.batch_argnums, int) else self.batch_argnums
         object.__setattr__(self, "batch_argnums", tuple(int(i) for i in argnums))
 

@@ -2,7 +2,8 @@
 
 Every executable is dispatched asynchronously and nothing waits on the host inside a step, so
 stages on disjoint submeshes run concurrently. Values move between submeshes with one batched
-``jax.device_put`` per task to the consumer's planned shardings (``transfer_many``).
+``jax.device_put`` per task to the consumer's planned shardings (``transfer_many``; under
+``transfer="send_once_gather"`` replicated values are sent split, then all-gathered on arrival).
 """
 from __future__ import annotations
 
@@ -40,8 +41,12 @@ class PipeshardExecutable:
                  for k, users in enumerate(p.grad_users) for s in users]
         flat = [*leaves, *losses, *parts]
         shardings = jax.tree.leaves(p.apply.input_shardings[0])
-        outs = p.apply(*transfer_many(flat, shardings))
+        outs = p.apply(*self._transfer(flat, shardings))
         return jax.tree.unflatten(p.traced.out_tree, list(outs))
+
+    def _transfer(self, xs, shardings) -> list:
+        """``xs`` placed with ``shardings`` under the method's transfer mode."""
+        return transfer_many(xs, shardings, self.program.method.transfer)
 
     def _param_var(self, s: int, k: int):
         prog = self.program.stages[s].program
@@ -87,7 +92,7 @@ class PipeshardExecutable:
                     keys.append((prog.index, src))
                     vals.append(inputs[src][0])
                     shardings.append(sh)
-        return dict(zip(keys, transfer_many(vals, shardings)))
+        return dict(zip(keys, self._transfer(vals, shardings)))
 
     def _forward(self, st, m, inputs, acts, res, losses, placed):
         prog = st.program
@@ -101,7 +106,7 @@ class PipeshardExecutable:
                 vals.append(inputs[src][m])
             else:
                 vals.append(placed[(prog.index, src)])
-        outs = st.fwd(*transfer_many(vals, shardings))
+        outs = st.fwd(*self._transfer(vals, shardings))
         names = (*prog.float_outputs, *prog.int_outputs)
         for v, x in zip(names, outs):
             acts[(v, m)] = x
@@ -120,7 +125,7 @@ class PipeshardExecutable:
             acc = [jax.numpy.zeros(v.aval.shape, v.aval.dtype, device=sh)
                    for v, sh in zip(prog.param_inputs, shardings[n:])]
         vals += list(acc)
-        outs = st.bwd(*transfer_many(vals, shardings))
+        outs = st.bwd(*self._transfer(vals, shardings))
         n_act = len(prog.act_inputs)
         for v, x in zip(prog.act_inputs, outs[:n_act]):
             cts[(v, m, prog.index)] = x
