@@ -11,15 +11,6 @@
 namespace alpa::rules {
 namespace {
 
-Strategy make(const RuleContext& ctx, int64_t v, Spec in, Spec out) {
-  Strategy s;
-  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
-  s.name = "broadcast " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
-  s.out = std::move(out);
-  s.ins = {std::move(in)};
-  return s;
-}
-
 NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u) {
   const auto dims = ctx.graph.node_attrs(v);
   NodeStrategies ns;
@@ -30,7 +21,7 @@ NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u) {
     for (int32_t& d : out) {
       if (d >= 0) d = static_cast<int32_t>(dims[d]);
     }
-    ns.list.push_back(make(ctx, v, lead.out, std::move(out)));
+    ns.list.push_back(unary_strategy(ctx, v, "broadcast", lead.out, std::move(out)));
   }
   return ns;
 }
@@ -49,7 +40,7 @@ NodeStrategies broadcast_rule(const RuleContext& ctx, int64_t v) {
       const int64_t i = index_of(dims, out[a]);
       if (i >= 0 && in_shape[i] == out_shape[out[a]]) in[a] = static_cast<int32_t>(i);
     }
-    ns.list.push_back(make(ctx, v, std::move(in), std::move(out)));
+    ns.list.push_back(unary_strategy(ctx, v, "broadcast", std::move(in), std::move(out)));
   }
   return ns;
 }

@@ -88,4 +88,15 @@ std::string strategy_name(const std::string& op, const std::vector<std::string>&
   return name;
 }
 
+Strategy unary_strategy(const RuleContext& ctx, int64_t v, const char* family, Spec in, Spec out,
+                        double comm) {
+  Strategy s;
+  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
+  s.comm = comm;
+  s.name = std::string(family) + " " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
+  s.out = std::move(out);
+  s.ins = {std::move(in)};
+  return s;
+}
+
 }  // namespace alpa::rules

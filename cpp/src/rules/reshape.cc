@@ -42,16 +42,6 @@ std::vector<int32_t> map_result_dims(std::span<const int64_t> in, std::span<cons
   return out_to_in;
 }
 
-Strategy make(const RuleContext& ctx, int64_t v, Spec in, Spec out, double comm) {
-  Strategy s;
-  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
-  s.comm = comm;
-  s.name = "reshape " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
-  s.out = std::move(out);
-  s.ins = {std::move(in)};
-  return s;
-}
-
 NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u,
                               const std::vector<int32_t>& out_to_in) {
   const Graph& g = ctx.graph;
@@ -75,7 +65,7 @@ NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u,
       }
     }
     const double gather = reshard_cost(ctx.mesh, in_shape, g.dtype_bytes[u], lead.out, kept);
-    ns.list.push_back(make(ctx, v, lead.out, std::move(out), gather));
+    ns.list.push_back(unary_strategy(ctx, v, "reshape", lead.out, std::move(out), gather));
   }
   return ns;
 }
@@ -97,7 +87,7 @@ NodeStrategies reshape_rule(const RuleContext& ctx, int64_t v) {
       const int32_t d = out_to_in[out[a]];
       if (in_shape[d] % shards_of_dim(out, out[a], ctx.mesh) == 0) in[a] = d;
     }
-    ns.list.push_back(make(ctx, v, std::move(in), std::move(out), 0.0));
+    ns.list.push_back(unary_strategy(ctx, v, "reshape", std::move(in), std::move(out), 0.0));
   }
   return ns;
 }

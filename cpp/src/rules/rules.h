@@ -30,6 +30,10 @@ std::string axis_name(int axis);
 
 // One strategy: result replicated, every operand replicated, compute = numel * cost per flop.
 NodeStrategies single_replicated(const RuleContext& ctx, int64_t v, const std::string& name);
+// A one-operand strategy (broadcast, transpose, reshape): operand in `in`, result in `out`,
+// elementwise compute, `comm` inside the op; named "<family> <spec>".
+Strategy unary_strategy(const RuleContext& ctx, int64_t v, const char* family, Spec in, Spec out,
+                        double comm = 0.0);
 
 // Per-device compute cost of `flops` split over `shards` devices.
 inline double compute_cost(const RuleContext& ctx, double flops, int64_t shards) {

@@ -6,15 +6,6 @@
 namespace alpa::rules {
 namespace {
 
-Strategy make(const RuleContext& ctx, int64_t v, Spec in, Spec out) {
-  Strategy s;
-  s.compute = compute_cost(ctx, ctx.graph.numel(v), num_shards(out, ctx.mesh));
-  s.name = "transpose " + spec_to_string(out, static_cast<int>(ctx.graph.rank(v)));
-  s.out = std::move(out);
-  s.ins = {std::move(in)};
-  return s;
-}
-
 NodeStrategies transpose_rule(const RuleContext& ctx, int64_t v) {
   const int64_t u = ctx.graph.operands(v)[0];
   const auto perm = ctx.graph.node_attrs(v);
@@ -27,7 +18,7 @@ NodeStrategies transpose_rule(const RuleContext& ctx, int64_t v) {
       for (int32_t& d : out) {
         if (d >= 0) d = static_cast<int32_t>(index_of(perm, d));
       }
-      ns.list.push_back(make(ctx, v, lead.out, std::move(out)));
+      ns.list.push_back(unary_strategy(ctx, v, "transpose", lead.out, std::move(out)));
     }
     return ns;
   }
@@ -36,7 +27,7 @@ NodeStrategies transpose_rule(const RuleContext& ctx, int64_t v) {
     for (int32_t& d : in) {
       if (d >= 0) d = static_cast<int32_t>(perm[d]);
     }
-    ns.list.push_back(make(ctx, v, std::move(in), std::move(out)));
+    ns.list.push_back(unary_strategy(ctx, v, "transpose", std::move(in), std::move(out)));
   }
   return ns;
 }
