@@ -9,6 +9,7 @@ at once (never a hang in a later collective with mismatched programs).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -110,3 +111,47 @@ def to_host(tree):
         return np.asarray(x)
 
     return jax.tree.map(one, tree)
+
+
+def global_to_host(tree):
+    """Full numpy values of every leaf of ``tree`` on every process, where each leaf is a *global*
+    array: the same logical array on every process, held by the devices of any subset of them
+    (e.g. a pipeline step's outputs, which live on the last stage's processes only).
+
+    A collective over all processes: every process must call it with the same tree. (Unlike
+    :func:`to_host`, a leaf held by one process is not taken to be a local value.)
+    """
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if jax.process_count() == 1 or not isinstance(x, jax.Array):
+            return np.asarray(x)
+        owners = {d.process_index for d in x.sharding.device_set}
+        if len(owners) == jax.process_count():
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return broadcast_from_owners(x)
+
+    return jax.tree.map(one, tree)
+
+
+def broadcast_from_owners(x) -> np.ndarray:
+    """The full value of global array ``x`` on every process: gathered on the devices that hold
+    it, then broadcast from the lowest process among them (a host round trip). A collective over
+    all processes."""
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
+    owners = sorted({d.process_index for d in devices})
+    replicated = NamedSharding(Mesh(np.asarray(devices, dtype=object), ("_all",)), PartitionSpec())
+    gathered = _identity_onto(replicated)(x)
+    here = jax.process_index()
+    value = (np.asarray(gathered.addressable_shards[0].data) if here in owners
+             else np.zeros(x.shape, x.dtype))
+    return np.asarray(multihost_utils.broadcast_one_to_all(value, is_source=here == owners[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def _identity_onto(sharding):
+    """A jitted identity onto ``sharding`` (a collective among its devices' processes)."""
+    return jax.jit(lambda v: v, out_shardings=sharding)
