@@ -1,12 +1,15 @@
-"""``ShardParallel(mesh="auto")``: every logical shape of the 8 devices is planned, the cheapest kept."""
+"""``ShardParallel(mesh="auto")``: every logical shape of the 8 devices is planned, the cheapest kept
+(the 3-axis shape too: tests/integration/test_mesh_3d.py has its ILP size and numerics)."""
 from __future__ import annotations
+
+import math
 
 import jax
 import numpy as np
 import pytest
 
 import alpa_pass as ap
-from tests.models import default_optimizer, init_state, mlp
+from tests.models import default_optimizer, gpt, init_state, mlp
 
 SHAPES = [[1, 8], [2, 4], [4, 2], [8, 1], [2, 2, 2]]
 
@@ -28,6 +31,12 @@ def mlp_auto():
     return step_fn, args, exe
 
 
+def _gpt_step_and_args():
+    config, optimizer = gpt.Config(layers=2), default_optimizer()
+    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
+    return gpt.make_train_step(optimizer, config), (state, gpt.make_batch(jax.random.key(1), config))
+
+
 def test_auto_keeps_the_cheapest_shape_and_records_all(mlp_auto):
     _, _, exe = mlp_auto
     plan = exe.plan
@@ -39,6 +48,7 @@ def test_auto_keeps_the_cheapest_shape_and_records_all(mlp_auto):
     assert list(plan.mesh.shape) == first_best
     assert [e.get("same_as") for e in search] == [None, None, [2, 4], [1, 8], None]
     assert all(e["solve_s"] > 0 for e in search if not e.get("same_as"))
+    assert [e.get("cut_off") for e in search] == [False, False, None, None, plan.objective <= search[4]["objective"]]
     assert "mesh_search" in plan.timings and "mesh search: 1x8" in plan.summary()
     assert exe.input_shardings[0].mesh.devices.shape == plan.mesh.shape
 
@@ -71,3 +81,18 @@ def test_auto_search_reads_every_shape_from_the_cache(mlp_auto, tmp_path):
     assert second.mesh.shape == first.mesh.shape == exe.plan.mesh.shape
     assert second.node_specs == first.node_specs
     assert [e["objective"] for e in second.mesh_search] == [e["objective"] for e in first.mesh_search]
+
+
+def test_gpt_auto_search_records_a_finite_objective_for_2x2x2():
+    step_fn, args = _gpt_step_and_args()
+    plan = _plan(step_fn, args, "auto")
+    search = plan.mesh_search
+    assert [e["shape"] for e in search] == SHAPES
+    cube = search[4]
+    assert cube.get("error") is None and math.isfinite(cube["objective"]) and cube["mip_gap"] >= 0
+    assert plan.objective == min(e["objective"] for e in search)
+    # 2x2x2 (optimum 184,156 on its own) cannot beat 2x4 (150,521): its solve is cut off once that
+    # is proven; the incumbent is an upper bound and objective * (1 - gap) the proven lower bound.
+    assert cube["cut_off"] and cube["objective"] >= plan.objective
+    assert cube["objective"] * (1 - cube["mip_gap"]) >= plan.objective * (1 - 1e-3)
+    assert "2x2x2 " in plan.summary() and "(cut off)" in plan.summary()

@@ -1,4 +1,5 @@
 """alpa_pass._core: Mesh collectives, sharding specs, resharding cost and Graph validation."""
+import itertools
 import math
 
 import numpy as np
@@ -67,12 +68,61 @@ def test_enumerate_specs_by_hand(mesh):
 def test_enumerate_specs_divisibility():
     cube = _core.Mesh(shape=[2, 2, 2], alpha=[1.0] * 3, beta=[1.0] * 3)
     specs = _core.enumerate_specs([4, 4], cube)
-    # 3 choices per axis = 27, minus all three axes on one dim (8 does not divide 4): 25.
-    assert len(specs) == 25 and specs[0] == [-1, -1, -1]
+    # 15 two-block specs of a rank-2 tensor on 3 axes, minus [0,0,0] and [1,1,1] (8 does not divide 4).
+    assert len(specs) == 13 and specs[0] == [-1, -1, -1]
     for spec in specs:
         for d, size in enumerate([4, 4]):
             assert size % math.prod(2 for a in spec if a == d) == 0
-    assert len({tuple(s) for s in specs}) == 25
+    assert len({tuple(s) for s in specs}) == 13
+
+
+def _mesh(shape):
+    return _core.Mesh(shape=list(shape), alpha=[1.0] * len(shape), beta=[1.0] * len(shape))
+
+
+def _every_spec(shape, mesh_shape, two_block: bool):
+    """Brute force in enumerate_specs' order: every fitting spec (only two-block ones if asked)."""
+    free = [a for a, n in enumerate(mesh_shape) if n > 1]
+    out = []
+    for choice in itertools.product(range(-1, len(shape)), repeat=len(free)):
+        changes = sum(choice[k] != choice[k - 1] for k in range(1, len(choice)))
+        if two_block and changes > 1:
+            continue
+        spec = [-1] * len(mesh_shape)
+        for a, d in zip(free, choice):
+            spec[a] = d
+        if all(shape[d] % math.prod(mesh_shape[a] for a in free if spec[a] == d) == 0
+               for d in range(len(shape))):
+            out.append(spec)
+    return out
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (1, 8), (8,), (4, 1, 2), (2, 2), (1, 1, 8)])
+@pytest.mark.parametrize("shape", [[], [8], [8, 6], [8, 4, 16], [16, 8, 4, 2]])
+def test_meshes_with_two_split_axes_keep_every_spec(mesh_shape, shape):
+    specs = _core.enumerate_specs(shape, _mesh(mesh_shape))
+    assert specs == _every_spec(shape, mesh_shape, two_block=False)
+
+
+@pytest.mark.parametrize("mesh_shape,shape,count", [
+    ((2, 2, 2), [8], 6), ((2, 2, 2), [8, 8], 15), ((2, 2, 2), [8, 8, 8], 28),
+    ((2, 2, 2), [8, 8, 8, 8], 45), ((2, 1, 2, 2), [8, 8, 8], 28),
+    ((2, 2, 2, 2), [16, 16], 21), ((2, 2, 2, 2), [16, 16, 16], 40),
+])
+def test_three_or_more_split_axes_keep_two_block_specs(mesh_shape, shape, count):
+    specs = _core.enumerate_specs(shape, _mesh(mesh_shape))
+    assert len(specs) == count
+    assert specs == _every_spec(shape, mesh_shape, two_block=True)
+    full = len(_every_spec(shape, mesh_shape, two_block=False))
+    assert full == (len(shape) + 1) ** sum(n > 1 for n in mesh_shape)  # all dims divisible here
+
+
+def test_two_block_specs_by_hand():
+    # rank 1 on 2x2x2: 8 specs, minus [-1, 0, -1] (middle axis alone) and [0, -1, 0] (not adjacent).
+    assert _core.enumerate_specs([8], _mesh((2, 2, 2))) == [
+        [-1, -1, -1], [-1, -1, 0], [-1, 0, 0], [0, -1, -1], [0, 0, -1], [0, 0, 0]]
+    specs = _core.enumerate_specs([8, 8, 8], _mesh((2, 2, 2)))
+    assert [0, 1, 2] not in specs and [0, 0, 1] in specs and [-1, 1, 1] in specs
 
 
 def test_enumerate_specs_edge_cases(mesh):
@@ -203,3 +253,15 @@ def test_sharding_problem_arrays_are_consistent(mesh):
     assert prob.node_group.shape == (4,) and prob.ilp.num_groups == int(prob.node_group.max()) + 1
     with pytest.raises(ValueError, match="node 4 out of range"):
         _core.node_strategies(g, 4, mesh, opts)
+
+
+def test_dot_on_three_axes_keeps_two_block_role_assignments():
+    # [8,32,64] x [64,16] -> [8,32,16]: each of 3 axes takes lfree0, lfree1, rfree0 or c0 (4^3 = 64);
+    # kept: operand and result specs in two blocks = role sequences changing at most once (28).
+    g = _core.Graph(**_graph([PARAM, PARAM, DOT], [[8, 32, 64], [64, 16], [8, 32, 16]],
+                             [[], [], [0, 1]], [[0], [1], [0, 1, 2, 0]]))
+    names = [s.name for s in _core.node_strategies(g, 2, _mesh((2, 2, 2)), _core.CoreOptions()).strategies]
+    assert len(names) == 28
+    assert "dot lfree0@x c0@y c0@z" in names and "dot lfree0@x lfree1@y rfree0@z" not in names
+    flat = [s.name for s in _core.node_strategies(g, 2, _mesh((2, 4)), _core.CoreOptions()).strategies]
+    assert len(flat) == 16

@@ -1,11 +1,13 @@
 """Plan JSON round trip and validation, cache entries, mesh-shape search logic, progress display."""
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
 import re
 import time
+import types
 
 import jax
 import pytest
@@ -130,6 +132,21 @@ def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
         assert "ignoring plan cache entry" in caplog.records[-1].getMessage()
 
 
+
+def test_a_solve_cut_off_by_the_bound_is_not_cached(plan, tmp_path, monkeypatch):
+    """With solver_objective_bound, HiGHS may stop at its first incumbent once it proves the bound
+    unbeatable: such a plan is no optimum and must not be served to a later unbounded request."""
+    from alpa_pass.plan import obtain, planner
+
+    solved = copy.copy(plan)
+    monkeypatch.setattr(planner, "plan_graph", lambda *a, **k: solved)
+    graph = types.SimpleNamespace(num_nodes=len(plan.node_specs))
+    for bound, stored in ((solved.objective, False), (solved.objective * 2, True), (None, True)):
+        option = ap.AutoShardingOption(plan_cache_dir=tmp_path / str(bound), solver_objective_bound=bound)
+        obtain.plan_one(graph, plan.mesh, option, None, {}, plan.fingerprint)
+        hit = cache.load_cached(option.plan_cache_dir, plan.fingerprint, plan.mesh, option, graph.num_nodes)
+        assert (hit is not None) == stored, bound
+
 def test_logical_shapes():
     assert auto_mesh.logical_shapes(8) == [(1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2)]
     assert auto_mesh.logical_shapes(12)[:6] == [(1, 12), (2, 6), (3, 4), (4, 3), (6, 2), (12, 1)]
@@ -140,7 +157,7 @@ def test_logical_shapes():
 
 class _FakePlan:
     def __init__(self, mesh, objective):
-        self.mesh, self.objective, self.origin = mesh, objective, "solver"
+        self.mesh, self.objective, self.origin, self.mip_gap = mesh, objective, "solver", 0.0
         self.timings, self.mesh_search = {"solve": 0.5}, []
 
 
@@ -160,7 +177,8 @@ def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
         ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 6.0, [2, 4]), ((8, 1), 8.0, [1, 8]),
         ((2, 2, 2), 6.0, None)]
     assert auto_mesh.search_summary(best.mesh_search, (2, 4)) == \
-        "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 = 2x4, 8x1 = 1x8, 2x2x2 6"
+        "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 = 2x4, 8x1 = 1x8, 2x2x2 6 (cut off)"
+    assert [e.get("cut_off") for e in best.mesh_search] == [False, False, None, None, True]
 
 
 def test_search_solves_permutations_with_other_costs_and_survives_infeasible_shapes():

@@ -19,8 +19,14 @@ int64_t shards_of_dim(const Spec& spec, int dim, const Mesh& mesh);
 // Total number of distinct shards (product over used axes).
 int64_t num_shards(const Spec& spec, const Mesh& mesh);
 bool spec_fits(const Spec& spec, std::span<const int64_t> shape, const Mesh& mesh);  // divisible
-// Every spec of `shape` on `mesh` whose splits divide the dims; axes of size 1 always -1.
-// Deterministic order, the replicated spec first. Same shape -> same list.
+// The search-space heuristic for meshes with >= 3 axes of size > 1: true if, over those axes in
+// order, the spec's entries change value at most once, i.e. the spec is a 2-D spec of the mesh
+// viewed as (axes before a cut) x (axes from the cut on) for some cut. So at most two tensor dims
+// are split, each over a contiguous run of axes. Always true with <= 2 axes of size > 1 (1-D and
+// 2-D meshes keep every spec). Entries on size-1 axes are ignored.
+bool spec_in_two_blocks(const Spec& spec, const Mesh& mesh);
+// Every spec of `shape` on `mesh` whose splits divide the dims and that is in two blocks (above);
+// axes of size 1 always -1. Deterministic order, the replicated spec first. Same shape -> same list.
 std::vector<Spec> enumerate_specs(std::span<const int64_t> shape, const Mesh& mesh);
 // Cost of turning a tensor laid out as `src` into `dst` (per device, alpha-beta):
 // same: 0; replicated->split: 0 (local slice); split->replicated: all-gather;

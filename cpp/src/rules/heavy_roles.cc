@@ -5,7 +5,8 @@ namespace alpa::rules {
 namespace {
 
 // choice[k] for the k-th axis of size > 1: 0 = none, r + 1 = roles[r]. Returns false if a split
-// does not divide its dim.
+// does not divide its dim, or (meshes with >= 3 axes of size > 1) an operand or the result spec is
+// not in two blocks (spec.h).
 bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles,
            const std::vector<int>& axes, const std::vector<size_t>& choice, const std::string& op,
            Strategy& s) {
@@ -25,7 +26,8 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles
     devices *= ctx.mesh.shape[a];
   }
   if (!spec_fits(lhs, g.shape(ops[0]), ctx.mesh) || !spec_fits(rhs, g.shape(ops[1]), ctx.mesh) ||
-      !spec_fits(out, g.shape(v), ctx.mesh)) {
+      !spec_fits(out, g.shape(v), ctx.mesh) || !spec_in_two_blocks(lhs, ctx.mesh) ||
+      !spec_in_two_blocks(rhs, ctx.mesh) || !spec_in_two_blocks(out, ctx.mesh)) {  // >= 3-axis heuristic
     return false;
   }
   s.comm = 0.0;

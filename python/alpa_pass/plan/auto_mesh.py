@@ -5,7 +5,11 @@ divisor ``a`` (``1 x n`` first, ``n x 1`` included), then the 3-axis shapes whos
 > 1 (for 8: 1x8, 2x4, 4x2, 8x1, 2x2x2). The 1-axis mesh ``(n,)`` is left out: a size-1 axis adds no
 strategy and no cost, so ``(n,)`` plans exactly like ``1 x n`` and would only repeat its solve.
 
-For the same reason, shapes that are axis permutations of an earlier shape with the same
+Meshes with three or more axes of size > 1 are planned over a pruned spec space (a heuristic:
+only "two-block" specs, see docs/core_api.md "Spec enumeration"), which keeps their ILP a few
+times the size of a 2-axis one.
+
+For the same reason as ``(n,)``, shapes that are axis permutations of an earlier shape with the same
 (size, alpha, beta) per non-trivial axis — ``8x1`` of ``1x8``, ``4x2`` of ``2x4`` on the default
 uniform alpha/beta — pose the same ILP up to relabelling mesh axes: they are recorded with the
 earlier shape's objective (``"same_as"``) instead of being solved again. Ties keep the earlier shape.
@@ -46,6 +50,10 @@ def search_meshes(meshes, plan_one):
     The returned plan's ``mesh_search`` lists every mesh in order as {"shape", "objective",
     "solve_s", "origin"} ("same_as": [shape] for a symmetric repeat, "error" for a mesh with no
     feasible plan, whose objective is None) and its timings gain "mesh_search" (total seconds).
+    A solved mesh also records "mip_gap" and "cut_off": True when its objective is no better than
+    ``bound``. HiGHS then stops as soon as it proves that no plan beats the bound and returns the
+    best plan it found so far (status "Optimal", a large gap), so such an objective is only an upper
+    bound of that mesh's optimum (the optimum lies within "mip_gap" of it, relative).
     Raises the last InfeasibleError/SolverError when no mesh has a plan.
     """
     start = time.perf_counter()
@@ -58,8 +66,9 @@ def search_meshes(meshes, plan_one):
                           "origin": twin["origin"], "same_as": twin["shape"]})
             continue
         t = time.perf_counter()
+        bound = None if best is None else best.objective
         try:
-            plan = plan_one(mesh, None if best is None else best.objective)
+            plan = plan_one(mesh, bound)
         except (InfeasibleError, SolverError) as e:
             error = e
             solved[key] = {"shape": list(mesh.shape), "objective": None, "solve_s": time.perf_counter() - t,
@@ -67,7 +76,8 @@ def search_meshes(meshes, plan_one):
             tried.append(solved[key])
             continue
         solved[key] = {"shape": list(mesh.shape), "objective": plan.objective,
-                       "solve_s": float(plan.timings.get("solve", 0.0)), "origin": plan.origin}
+                       "solve_s": float(plan.timings.get("solve", 0.0)), "origin": plan.origin,
+                       "mip_gap": float(plan.mip_gap), "cut_off": bound is not None and plan.objective >= bound}
         tried.append(solved[key])
         if best is None or plan.objective < best.objective - _TIE_RTOL * max(1.0, abs(best.objective)):
             best = plan
@@ -79,7 +89,8 @@ def search_meshes(meshes, plan_one):
 
 
 def search_summary(mesh_search: list, chosen: tuple | None = None) -> str:
-    """One line: each shape tried with its objective; ``chosen`` (a shape) is marked."""
+    """One line: each shape tried with its objective; ``chosen`` (a shape) and cut-off solves are
+    marked."""
     parts = []
     for e in mesh_search:
         name = "x".join(map(str, e["shape"]))
@@ -89,6 +100,7 @@ def search_summary(mesh_search: list, chosen: tuple | None = None) -> str:
             parts.append(f"{name} infeasible")
         else:
             mark = " (chosen)" if chosen is not None and tuple(e["shape"]) == tuple(chosen) else ""
+            mark += " (cut off)" if e.get("cut_off") else ""
             parts.append(f"{name} {e['objective']:.6g}{mark}")
     return "mesh search: " + ", ".join(parts)
 

@@ -41,7 +41,8 @@ def obtain_plan(graph, mesh, option, ties, timings: dict, fingerprint: str, *, s
 def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint: str, progress=None,
              pinned=()):
     """The cached plan for (fingerprint, mesh, option) if ``option.plan_cache_dir`` holds a valid
-    one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled)."""
+    one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled, unless
+    the solve was cut off by ``option.solver_objective_bound``: then it is no optimum)."""
     from alpa_pass.plan.planner import plan_graph
 
     if option.plan_cache_dir is not None:
@@ -53,7 +54,9 @@ def plan_one(graph, mesh: LogicalMesh, option, ties, timings: dict, fingerprint:
             return plan
     plan = plan_graph(graph, mesh, option, ties, timings, progress=progress, pinned=pinned)
     plan.fingerprint = fingerprint
-    if option.plan_cache_dir is not None:
+    bound = option.solver_objective_bound
+    # a solve cut off by the bound returns its first incumbent, not the optimum: never cache that
+    if option.plan_cache_dir is not None and (bound is None or plan.objective < bound):
         cache.store_cached(option.plan_cache_dir, plan, option)
     return plan
 
