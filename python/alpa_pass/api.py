@@ -90,7 +90,7 @@ class ParallelizedFunction:
         if type(self.method).__name__ == "PipeshardParallel":
             from alpa_pass.pipeline.runtime import build_pipeshard
 
-            return build_pipeshard(fn, dyn, self.method)
+            return build_pipeshard(fn, dyn, self.method, self._dynamic_positions(self.donate_argnums, len(args)))
         donate = self._dynamic_positions(self.donate_argnums, len(args))
         method = self._shard_method()
         plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate,

@@ -91,6 +91,17 @@ def assert_same(ref, got):
                                    err_msg=f"state leaf {path} differs")
 
 
+def assert_on_owner_stages(exe, state):
+    """Every parameter and its Adam mu/nu live on the submesh of the stage that owns it (a tied
+    embedding: its first user); the apply runs one executable per stage, on that stage's devices."""
+    params, (adam, *_) = state
+    for k, leaves in enumerate(zip(*(jax.tree.leaves(t) for t in (params, adam.mu, adam.nu)))):
+        devices = set(exe.plan.stages[exe.program.layout.owner[k]].devices)
+        assert all({d.id for d in x.sharding.device_set} == devices for x in leaves), f"parameter leaf {k}"
+    assert [a.site for a in exe.plan.apply] == list(range(exe.plan.num_stages))
+    assert [a.devices for a in exe.plan.apply] == [s.devices for s in exe.plan.stages]
+
+
 CASES = [
     pytest.param("mlp", 2, "1f1b", 4, id="mlp-2stages-1f1b"),
     pytest.param("mlp", 4, "gpipe", 2, id="mlp-4stages-gpipe"),
@@ -99,15 +110,33 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def uniform_steps():
+    """(model, stages, schedule, micro) -> (parallelized step, its step_fn, state, batches), shared
+    by the tests of this module so each configuration compiles once."""
+    cache = {}
+
+    def get(model, num_stages, schedule, micro):
+        key = (model, num_stages, schedule, micro)
+        if key not in cache:
+            step_fn, state, batches = setup(model)
+            method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), num_micro_batches=micro,
+                                          stage_option=ap.UniformStageOption(num_stages=num_stages),
+                                          pipeline_schedule=schedule)
+            cache[key] = (ap.parallelize(step_fn, method=method), step_fn, state, batches)
+        return cache[key]
+
+    return get
+
+
 @pytest.mark.parametrize("model,num_stages,schedule,micro", CASES)
-def test_manual_layers_uniform_stages_match_single_device(model, num_stages, schedule, micro):
-    step_fn, state, batches = setup(model)
-    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), num_micro_batches=micro,
-                                  stage_option=ap.UniformStageOption(num_stages=num_stages),
-                                  pipeline_schedule=schedule)
-    step = ap.parallelize(step_fn, method=method)
-    assert_same(reference(step_fn, state, batches), run(step, state, batches))
-    plan = step.get_executable(state, batches[0]).plan
+def test_manual_layers_uniform_stages_match_single_device(uniform_steps, model, num_stages, schedule, micro):
+    step, step_fn, state, batches = uniform_steps(model, num_stages, schedule, micro)
+    got = run(step, state, batches)
+    assert_same(reference(step_fn, state, batches), got)
+    exe = step.get_executable(state, batches[0])
+    plan = exe.plan
+    assert_on_owner_stages(exe, got[0])
     assert plan.num_stages == num_stages and plan.num_layers == 4
     devices = [d for s in plan.stages for d in s.devices]
     assert sorted(devices) == list(range(8)), "uniform stages must use disjoint submeshes covering the mesh"
@@ -215,16 +244,16 @@ def test_plain_jax_grad_is_rejected():
         step.get_executable(state, batches[0])
 
 
-def test_plan_summary_and_timeline(tmp_path):
-    step_fn, state, batches = setup("mlp")
-    method = _mlp_method(num_micro_batches=4, stage_option=ap.UniformStageOption(num_stages=4),
-                         pipeline_schedule="1f1b")
-    plan = ap.parallelize(step_fn, method=method).get_executable(state, batches[0]).plan
+def test_plan_summary_and_timeline(uniform_steps, tmp_path):
+    step, _, state, batches = uniform_steps("mlp", 2, "1f1b", 4)
+    plan = step.get_executable(state, batches[0]).plan
     text = plan.summary()
-    assert "4 layers, 4 stages, 4 micro-batches, schedule 1f1b" in text
-    assert all(f"{i}..{i}" in text for i in range(4))
-    assert [s.devices for s in plan.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert "4 layers, 2 stages, 4 micro-batches, schedule 1f1b" in text
+    assert "0..1" in text and "2..3" in text
+    assert [s.devices for s in plan.stages] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert all(s.predicted_bwd >= 0 and s.predicted_fwd >= 0 for s in plan.stages)
-    assert len(plan.ticks) == 2 * (4 + 4 - 1)
+    assert len(plan.ticks) == 2 * (4 + 2 - 1)
+    assert "apply (optimizer update) executables" in text
+    assert "stage 0" in text and "stage 1" in text and "cross-stage" not in text
     png = plan.save_timeline(str(tmp_path / "timeline.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,9 +1,10 @@
 """Build a pipeshard step: trace, layers, stages, then plan and compile every stage function.
 
-``compile_pipeshard(fn, args, method)`` returns a ``PipeshardProgram``: per stage a forward and a
-backward executable (planned by the intra-op planner on the stage's submesh), and one apply
-executable (the rest of the train step, e.g. the optimizer, on the accumulated gradients) planned
-on the whole cluster mesh.
+``compile_pipeshard(fn, args, method, donate_argnums)`` returns a ``PipeshardProgram``: per stage
+a forward, a backward and an apply executable (the rest of the train step on that stage's
+parameters: its optimizer update), each planned by the intra-op planner on the stage's submesh;
+and, only when the step mixes values of several stages (global-norm clipping), a cross-stage
+apply executable on the whole cluster mesh for those equations (see ``apply_sites``).
 """
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Literal
 
 from alpa_pass.errors import ShardingError
 from alpa_pass.pipeline import layers as layer_mod
 from alpa_pass.pipeline import stages as stage_mod
+from alpa_pass.pipeline.apply import MarkerLayout, build_apply
+from alpa_pass.pipeline.apply_compile import compile_apply, free_sharding, marker_layout
 from alpa_pass.pipeline.options import AutoStageOption, ManualStageOption, PipeshardParallel
 from alpa_pass.pipeline.program import StageFunctions, build_programs
 from alpa_pass.pipeline.schedule import clock, stage_orders
-from alpa_pass.pipeline.trace import TracedStep, eval_eqns, trace_step
+from alpa_pass.pipeline.trace import TracedStep, trace_step
+from alpa_pass.plan.memory import donated_leaves
 from alpa_pass.plan.planner import plan_and_compile
+from alpa_pass.trace.lower import output_ties
 
 
 @dataclasses.dataclass
@@ -43,14 +46,19 @@ class CompiledStage:
 
 @dataclasses.dataclass
 class PipeshardProgram:
+    """Everything a pipeshard step runs. ``apply``: the CompiledApply executables in run order;
+    ``sites``: where each apply equation and value lives (``apply_sites.Sites``); ``free_sharding``:
+    where FREE step outputs live (replicated over every stage's devices)."""
+
     traced: TracedStep
     method: PipeshardParallel
     layers: list
     stages: list          # CompiledStage
-    apply: object
-    apply_plan: object
+    apply: list           # CompiledApply
+    sites: object
+    free_sharding: object
     ticks: list
-    grad_users: list      # per marker input: stages reading it as a parameter
+    layout: MarkerLayout
     timings: dict
 
 
@@ -69,8 +77,10 @@ def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str):
     return out
 
 
-def compile_pipeshard(fn, args, method: PipeshardParallel) -> PipeshardProgram:
-    """Trace, cut into layers and stages, plan and compile (see the module docstring)."""
+def compile_pipeshard(fn, args, method: PipeshardParallel, donate_argnums=()) -> PipeshardProgram:
+    """Trace, cut into layers and stages, plan and compile (see the module docstring).
+    ``donate_argnums``: positions of ``args`` whose parameter/optimizer-state buffers the apply
+    executables donate."""
     timings = {}
     t = time.perf_counter()
     leaves = jax.tree.leaves(args)
@@ -87,21 +97,16 @@ def compile_pipeshard(fn, args, method: PipeshardParallel) -> PipeshardProgram:
     programs = build_programs(traced.loss, layers, [(s.start, s.stop) for s in specs], traced.info.diff_mask)
     consts = dict(zip(traced.loss.jaxpr.constvars, traced.loss.consts))
     marker_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.loss.jaxpr.invars]
-    stages = _compile_stages(programs, specs, consts, marker_avals, method)
-    grad_users = [[i for i, c in enumerate(stages)
-                   if any(c.program.sources[v] == ("arg", k) for v in c.program.param_inputs)]
-                  for k in range(len(marker_avals))]
-    apply_fn = _apply_fn(traced, grad_users, method.num_micro_batches)
-    apply_args = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
-    loss_aval = traced.loss.jaxpr.outvars[0].aval
-    apply_args += [jax.ShapeDtypeStruct((), loss_aval.dtype)] * method.num_micro_batches
-    for k, users in enumerate(grad_users):
-        aval = traced.step.jaxpr.invars[traced.marker_arg[k]].aval
-        apply_args += [jax.ShapeDtypeStruct(aval.shape, aval.dtype)] * len(users)
-    apply_plan, apply = plan_and_compile(apply_fn, tuple(apply_args), cluster, method.option)
+    stages = _compile_stages(programs, specs, consts, marker_avals, method, traced.loss.jaxpr.outvars[1:])
+    layout = marker_layout(stages, len(marker_avals), method.num_micro_batches)
+    ties = dict(output_ties(args, jax.tree.unflatten(traced.out_tree, [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.step.jaxpr.outvars])))
+    apply_programs, sites = build_apply(traced, layout, set(donated_leaves(args, donate_argnums)), ties)
+    apply = compile_apply(apply_programs, sites, traced, stages, cluster, method, leaves)
     timings["compile"] = time.perf_counter() - t
     ticks = clock(stage_orders(method.pipeline_schedule, len(stages), method.num_micro_batches))
-    return PipeshardProgram(traced, method, layers, stages, apply, apply_plan, ticks, grad_users, timings)
+    return PipeshardProgram(traced, method, layers, stages, apply, sites, free_sharding(stages), ticks, layout,
+                            timings)
 
 
 def _stage_specs(traced, layers, cluster, method):
@@ -115,10 +120,10 @@ def _stage_specs(traced, layers, cluster, method):
     return stage_mod.uniform_stages(len(layers), cluster, option.num_stages)
 
 
-def _compile_stages(programs, specs, consts, marker_avals, method) -> list[CompiledStage]:
+def _compile_stages(programs, specs, consts, marker_avals, method, aux_vars) -> list[CompiledStage]:
     out = []
     for prog, spec in zip(programs, specs):
-        fns = StageFunctions(prog, consts)
+        fns = StageFunctions(prog, consts, aux_vars)
         ins = [_aval(v, prog, marker_avals) for v in (*prog.diff_inputs, *prog.nondiff_inputs)]
         fwd_plan, fwd = plan_and_compile(fns.forward, tuple(ins), spec.mesh, method.option)
         fwd_outs = jax.eval_shape(fns.forward, *ins)
@@ -136,32 +141,3 @@ def _aval(v, prog, marker_avals):
     if src[0] == "arg":
         return marker_avals[src[1]]
     return jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
-
-
-def _apply_fn(traced: TracedStep, grad_users, num_micro: int):
-    """apply(*step_leaves, *micro_losses, *grad_parts) -> step output leaves: the train step with
-    its gradient marker replaced by the mean loss and the mean accumulated gradients."""
-    step = traced.step
-    n_in = len(step.jaxpr.invars)
-    marker = traced.marker
-    diff = [k for k, d in enumerate(traced.info.diff_mask) if d]
-
-    def apply(*flat):
-        losses = flat[n_in:n_in + num_micro]
-        parts = list(flat[n_in + num_micro:])
-        grads = []
-        for k, users in enumerate(grad_users):
-            mine, parts = parts[:len(users)], parts[len(users):]
-            if k in diff:
-                aval = marker.invars[k].aval
-                total = sum(mine, jnp.zeros(aval.shape, aval.dtype))
-                grads.append(total / num_micro)
-        env = dict(zip(step.jaxpr.constvars, step.consts))
-        env.update(zip(step.jaxpr.invars, flat[:n_in]))
-        at = step.jaxpr.eqns.index(marker)
-        eval_eqns(step.jaxpr.eqns[:at], env)
-        env.update(zip(marker.outvars, [sum(losses[1:], losses[0]) / num_micro, *grads]))
-        eval_eqns(step.jaxpr.eqns[at + 1:], env)
-        return tuple(v.val if isinstance(v, Literal) else env[v] for v in step.jaxpr.outvars)
-
-    return apply

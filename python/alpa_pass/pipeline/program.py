@@ -1,7 +1,7 @@
 """Stage programs: which loss equations, inputs and outputs each stage has, and their functions.
 
 A stage's forward ``fwd(*diff_inputs, *nondiff_inputs)`` returns
-``(*float_outputs, *int_outputs, *residuals)`` (``jax.vjp`` residuals: the backward needs no
+``(*float_outputs, *int_outputs, *aux_outputs, *residuals)`` (aux: the ``has_aux`` values it computes) (``jax.vjp`` residuals: the backward needs no
 recomputation); its backward ``bwd(*residuals, *output_cotangent_parts, *grad_accumulators)``
 returns ``(*activation_input_cotangents, *new_grad_accumulators)``: the parts of one output's
 cotangent (one per consuming stage, plus 1.0 for the loss) are summed inside, and the gradients of
@@ -34,6 +34,7 @@ class StageProgram:
       float_outputs / int_outputs: values later stages (or the loss) read.
       loss_output: index into float_outputs of the loss, or None.
       consumers: float output var -> stages reading it (in order).
+      aux_outputs: indices of the loss's aux leaves this stage computes (not differentiated).
     """
 
     index: int
@@ -45,6 +46,7 @@ class StageProgram:
     int_outputs: list
     loss_output: int | None
     consumers: dict
+    aux_outputs: list = dataclasses.field(default_factory=list)
 
     @property
     def param_inputs(self) -> list:
@@ -76,6 +78,7 @@ def build_programs(loss, layers, ranges, diff_mask) -> list[StageProgram]:
                     seen.append(v)
         reads.append(seen)
     loss_var = loss.jaxpr.outvars[0]
+    aux_vars = loss.jaxpr.outvars[1:]
     programs = []
     for s, eqns in enumerate(stage_eqns):
         sources = {v: ("arg", arg_index[v]) if v in arg_index else ("act", producer[v]) for v in reads[s]}
@@ -89,15 +92,16 @@ def build_programs(loss, layers, ranges, diff_mask) -> list[StageProgram]:
         programs.append(StageProgram(
             s, eqns, diff, [v for v in reads[s] if v not in diff], sources, floats,
             [v for v in outs if not _is_float(v)], floats.index(loss_var) if loss_var in floats else None,
-            consumers))
+            consumers, [j for j, v in enumerate(aux_vars) if producer.get(v) == s]))
     return programs
 
 
 class StageFunctions:
     """The forward and backward functions of one StageProgram (see the module docstring)."""
 
-    def __init__(self, program: StageProgram, consts: dict):
+    def __init__(self, program: StageProgram, consts: dict, aux_vars=()):
         self.program = program
+        self.aux_vars = [aux_vars[j] for j in program.aux_outputs]
         self.consts = consts
         self.res_tree = None
 
@@ -107,7 +111,8 @@ class StageFunctions:
         env.update(zip(p.diff_inputs, diff))
         env.update(zip(p.nondiff_inputs, nondiff))
         eval_eqns(p.eqns, env)
-        return tuple(env[v] for v in p.float_outputs), tuple(env[v] for v in p.int_outputs)
+        return (tuple(env[v] for v in p.float_outputs),
+                tuple(env[v] for v in (*p.int_outputs, *self.aux_vars)))
 
     def forward(self, *flat):
         n = len(self.program.diff_inputs)
@@ -116,7 +121,7 @@ class StageFunctions:
         return (*outs, *ints, *res)
 
     def num_outputs(self) -> int:
-        return len(self.program.float_outputs) + len(self.program.int_outputs)
+        return len(self.program.float_outputs) + len(self.program.int_outputs) + len(self.aux_vars)
 
     def backward(self, *flat):
         p = self.program

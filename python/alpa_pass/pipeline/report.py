@@ -19,16 +19,34 @@ class StageReport:
 
 
 @dataclasses.dataclass
+class ApplyReport:
+    """One apply executable: where it runs (``site``: a stage index or "cross" for the
+    cross-stage equations on the whole mesh), its phase, devices, how many step equations it
+    evaluates, its state inputs (donated, kept), its other inputs and outputs, and its Plan."""
+
+    site: object
+    phase: int
+    devices: tuple
+    num_eqns: int
+    donated: int
+    kept: int
+    num_inputs: int
+    num_outputs: int
+    plan: object
+
+
+@dataclasses.dataclass
 class PipelinePlan:
     """Attributes: stages (StageReport), num_layers, num_micro_batches, schedule name, ticks (per
-    clock tick the (stage, kind, micro) tasks run), apply_plan (the optimizer step's Plan), timings."""
+    clock tick the (stage, kind, micro) tasks run), apply (ApplyReport per apply executable, in run
+    order), timings."""
 
     stages: list
     num_layers: int
     num_micro_batches: int
     schedule: str
     ticks: list
-    apply_plan: object
+    apply: list
     timings: dict
 
     @classmethod
@@ -36,15 +54,19 @@ class PipelinePlan:
         stages = [StageReport(i, tuple(c.spec.layers), c.spec.physical_shape, c.spec.mesh.shape,
                               tuple(d.id for d in c.spec.mesh.devices), c.fwd_plan.objective,
                               c.bwd_plan.objective) for i, c in enumerate(program.stages)]
+        apply = [ApplyReport(a.site, a.program.phase, tuple(d.id for d in a.mesh.jax_mesh().devices.flat),
+                             len(a.program.eqns), len(a.program.inputs[0]), len(a.program.inputs[1]),
+                             len(a.program.inputs[2]), len(a.program.outputs[2]), a.plan) for a in program.apply]
         return cls(stages, len(program.layers), program.method.num_micro_batches,
-                   program.method.pipeline_schedule, program.ticks, program.apply_plan, program.timings)
+                   program.method.pipeline_schedule, program.ticks, apply, program.timings)
 
     @property
     def num_stages(self) -> int:
         return len(self.stages)
 
     def summary(self) -> str:
-        """A table: per stage its layers, submesh, devices and predicted forward/backward cost."""
+        """Tables: per stage its layers, submesh, devices and predicted forward/backward cost; per
+        apply executable its site, phase, devices, size, state (donated/kept) and predicted cost."""
         from rich.console import Console
         from rich.table import Table
 
@@ -60,7 +82,20 @@ class PipelinePlan:
                           "x".join(map(str, s.logical_shape)), ",".join(map(str, s.devices)),
                           f"{s.predicted_fwd:.4g}", f"{s.predicted_bwd:.4g}")
         console.print(table)
+        console.print(self._apply_table())
         return console.export_text()
+
+    def _apply_table(self):
+        from rich.table import Table
+
+        table = Table(title="apply (optimizer update) executables, in run order")
+        for col in ("site", "phase", "devices", "eqns", "state donated/kept", "other in/out", "cost"):
+            table.add_column(col)
+        for a in self.apply:
+            site = f"stage {a.site}" if isinstance(a.site, int) else "cross-stage (whole mesh)"
+            table.add_row(site, str(a.phase), ",".join(map(str, a.devices)), str(a.num_eqns),
+                          f"{a.donated}/{a.kept}", f"{a.num_inputs}/{a.num_outputs}", f"{a.plan.objective:.4g}")
+        return table
 
     def save_timeline(self, path: str) -> str:
         """Write the schedule picture (a timeline per submesh) as a PNG; returns ``path``."""

@@ -1,9 +1,13 @@
-"""Run a compiled pipeshard step: micro-batches through the stages in schedule order, then apply.
+"""Run a compiled pipeshard step: micro-batches through the stages in schedule order, then the
+apply executables (per stage, on its submesh; a cross-stage one only for cross-stage equations).
 
-Every executable is dispatched asynchronously and nothing waits on the host inside a step, so
-stages on disjoint submeshes run concurrently. Values move between submeshes with one batched
-``jax.device_put`` per task to the consumer's planned shardings (``transfer_many``; under
+Per stage there are forward, backward and apply executables. Every executable is dispatched
+asynchronously and nothing waits on the host inside a step, so stages on disjoint submeshes run
+concurrently. Every value that crosses submeshes goes through ``transfer_many`` (one batched
+``jax.device_put`` per task to the consumer's planned shardings; under
 ``transfer="send_once_gather"`` replicated values are sent split, then all-gathered on arrival).
+The step's outputs stay where the apply executables wrote them: parameters and optimizer state
+on their stage's submesh, in the layout the next step's executables read them in.
 """
 from __future__ import annotations
 
@@ -12,8 +16,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jax.extend.core import Literal
+
+from alpa_pass.pipeline.apply_sites import FREE
 from alpa_pass.pipeline.compile import PipeshardProgram, compile_pipeshard
-from alpa_pass.pipeline.transfer import transfer_many
+from alpa_pass.pipeline.transfer import assemble_replicas, transfer_many
 
 
 class PipeshardExecutable:
@@ -35,22 +42,53 @@ class PipeshardExecutable:
         leaves, treedef = jax.tree.flatten(args)
         if treedef != self._in_treedef:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}")
-        p = self.program
-        losses, accs = self._run_pipeline(leaves)
-        parts = [accs[s][p.stages[s].program.param_inputs.index(self._param_var(s, k))]
-                 for k, users in enumerate(p.grad_users) for s in users]
-        flat = [*leaves, *losses, *parts]
-        shardings = jax.tree.leaves(p.apply.input_shardings[0])
-        outs = p.apply(*self._transfer(flat, shardings))
-        return jax.tree.unflatten(p.traced.out_tree, list(outs))
+        env = self._run_pipeline(leaves)
+        env.update(zip(self.program.traced.step.jaxpr.invars, leaves))
+        return jax.tree.unflatten(self.program.traced.out_tree, self._run_apply(env))
 
     def _transfer(self, xs, shardings) -> list:
         """``xs`` placed with ``shardings`` under the method's transfer mode."""
         return transfer_many(xs, shardings, self.program.method.transfer)
 
-    def _param_var(self, s: int, k: int):
-        prog = self.program.stages[s].program
-        return next(v for v in prog.param_inputs if prog.sources[v] == ("arg", k))
+    def _run_apply(self, env: dict) -> list:
+        """Run the apply executables in order on ``env`` (step inputs and pipeline results by key);
+        returns the step's output leaves. FREE outputs come from every stage, assembled in place."""
+        p = self.program
+        placed = self._place_free_inputs(env)
+        free = {}
+        for j, a in enumerate(p.apply):
+            ins = self._transfer([placed.get((j, k), env.get(k)) for k in a.program.flat_inputs], a.in_shardings)
+            groups, at = [], 0
+            for g in a.program.inputs:
+                groups.append(tuple(ins[at:at + len(g)]))
+                at += len(g)
+            for v, x in zip(a.program.flat_outputs, jax.tree.leaves(a.exe(*groups))):
+                if p.sites.site(v) == FREE:
+                    free.setdefault(v, []).append(x)
+                else:
+                    env[v] = x
+        out = []
+        for v in p.traced.step.jaxpr.outvars:
+            if isinstance(v, Literal):
+                out.append(jnp.asarray(v.val))
+            else:
+                out.append(assemble_replicas(free[v], p.free_sharding) if v in free else env[v])
+        return out
+
+    def _place_free_inputs(self, env: dict) -> dict:
+        """(apply index, var) -> that executable's copy of a FREE step input. Each is placed once
+        replicated on all stages' devices and every executable gets a view of its own devices'
+        replicas, all before any runs: donating them in one stage never touches another's."""
+        p = self.program
+        read = {k for a in p.apply for k in a.program.flat_inputs}
+        free = [v for v in p.traced.step.jaxpr.invars if v in read and p.sites.site(v) == FREE]
+        placed = dict(zip(free, self._transfer([env[v] for v in free], [p.free_sharding] * len(free))))
+        out = {}
+        for j, a in enumerate(p.apply):
+            mine = [(k, sh) for k, sh in zip(a.program.flat_inputs, a.in_shardings) if k in placed]
+            views = self._transfer([placed[k] for k, _ in mine], [sh for _, sh in mine])
+            out.update(((j, k), x) for (k, _), x in zip(mine, views))
+        return out
 
     def _marker_inputs(self, leaves):
         """Per marker input, its per-micro-batch values (batch leaves are cut along axis 0)."""
@@ -65,21 +103,25 @@ class PipeshardExecutable:
                 out.append([x] * num)
         return out
 
-    def _run_pipeline(self, leaves):
-        """Issue every task in clock order; returns (per-micro-batch losses, per-stage grad accumulators)."""
+    def _run_pipeline(self, leaves) -> dict:
+        """Issue every task in clock order; returns the pipeline results by apply key:
+        ``("loss", m)``, ``("aux", j, m)`` and ``("grad", k, stage)`` (accumulated gradients)."""
         p = self.program
         inputs = self._marker_inputs(leaves)
-        acts, cts, res, losses = {}, {}, {}, {}
+        acts, cts, res, results = {}, {}, {}, {}
         accs = [None] * len(p.stages)
         placed = self._place_whole_inputs(inputs)
         for tick in p.ticks:
             for task in tick:
                 st = p.stages[task.stage]
                 if task.kind == "fwd":
-                    self._forward(st, task.micro, inputs, acts, res, losses, placed)
+                    self._forward(st, task.micro, inputs, acts, res, results, placed)
                 else:
                     accs[task.stage] = self._backward(st, task.micro, acts, cts, res, accs[task.stage])
-        return [losses[m] for m in range(p.method.num_micro_batches)], accs
+        for t, st in enumerate(p.stages):
+            results.update(((("grad", st.program.sources[v][1], t), x)
+                           for v, x in zip(st.program.param_inputs, accs[t] or ())))
+        return results
 
     def _place_whole_inputs(self, inputs) -> dict:
         """(stage, marker input) -> the non-batch input (parameters) placed on that stage, in one batch."""
@@ -94,7 +136,7 @@ class PipeshardExecutable:
                     shardings.append(sh)
         return dict(zip(keys, self._transfer(vals, shardings)))
 
-    def _forward(self, st, m, inputs, acts, res, losses, placed):
+    def _forward(self, st, m, inputs, acts, res, results, placed):
         prog = st.program
         vals = []
         shardings = st.in_shardings("fwd")
@@ -111,8 +153,10 @@ class PipeshardExecutable:
         for v, x in zip(names, outs):
             acts[(v, m)] = x
         if prog.loss_output is not None:
-            losses[m] = outs[prog.loss_output]
-        res[(prog.index, m)] = outs[len(names):]
+            results[("loss", m)] = outs[prog.loss_output]
+        for j, x in zip(prog.aux_outputs, outs[len(names):]):
+            results[("aux", j, m)] = x
+        res[(prog.index, m)] = outs[st.functions.num_outputs():]
 
     def _backward(self, st, m, acts, cts, res, acc):
         prog = st.program
@@ -138,6 +182,7 @@ def _splitter(num: int):
     return jax.jit(lambda x: tuple(jnp.split(x, num, axis=0)))
 
 
-def build_pipeshard(fn, args, method) -> PipeshardExecutable:
-    """Trace, plan and compile ``fn(*args)`` under ``method`` (a PipeshardParallel)."""
-    return PipeshardExecutable(compile_pipeshard(fn, args, method), jax.tree.structure(args))
+def build_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardExecutable:
+    """Trace, plan and compile ``fn(*args)`` under ``method`` (a PipeshardParallel); the apply
+    executables donate the buffers of the arguments at ``donate_argnums``."""
+    return PipeshardExecutable(compile_pipeshard(fn, args, method, donate_argnums), jax.tree.structure(args))

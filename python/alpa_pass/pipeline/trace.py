@@ -3,7 +3,8 @@
 Contract: ``trace_step(fn, args, batch_argnums)`` returns a ``TracedStep`` whose ``step`` jaxpr
 holds exactly one top-level ``grad_marker`` equation (from ``alpa_pass.value_and_grad``/``grad``)
 whose inputs are arguments of the step, and whose ``loss`` jaxpr is the marked function's forward
-(inputs = the marker's inputs, one scalar float output), with ``pipeline_boundary`` equations where
+(inputs = the marker's inputs; outputs: the scalar float loss, then the aux leaves when the
+marked function has ``has_aux``), with ``pipeline_boundary`` equations where
 the user called ``mark_pipeline_boundary()``.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ class TracedStep:
       marker: the ``grad_marker`` equation; ``info`` its GradInfo.
       marker_arg: per marker input, the step argument leaf it is.
       batch_mask: per marker input, whether it is (part of) a batch argument.
-      loss: closed jaxpr of the loss forward (inputs = marker inputs; output: the scalar loss).
+      loss: closed jaxpr of the loss forward (inputs = marker inputs; outputs: the scalar loss,
+        then the aux leaves at one micro-batch).
     """
 
     step: ClosedJaxpr
@@ -127,11 +129,20 @@ def _trace_loss(info: GradInfo, avals) -> ClosedJaxpr:
         raise TraceError(f"mark_pipeline_boundary() is called inside {nested[0].primitive.name} "
                          f"(a jit, checkpoint, scan or cond) in {fn_name(info.fun)}; pipeline boundaries must "
                          f"not nest inside other transformations: call it at the top level of the loss function")
-    if info.has_aux:
-        raise TraceError(f"PipeshardParallel does not support has_aux=True (in {fn_name(info.fun)}); return the "
-                         f"scalar loss only")
     out = loss.jaxpr.outvars
-    if len(out) != 1 or out[0].aval.shape != () or not jax.numpy.issubdtype(out[0].aval.dtype, np.floating):
-        raise TraceError(f"the loss function {fn_name(info.fun)} must return one float scalar, got "
-                         f"{[v.aval for v in out]}")
+    if (len(out) != 1 + num_aux(info) or out[0].aval.shape != ()
+            or not jax.numpy.issubdtype(out[0].aval.dtype, np.floating)):
+        raise TraceError(f"the loss function {fn_name(info.fun)} must return one float scalar"
+                         f"{' and its aux' if info.has_aux else ''}, got {[v.aval for v in out]}")
+    computed = {v for e in loss.jaxpr.eqns for v in e.outvars}
+    for v in out[1:]:
+        if isinstance(v, Literal) or v not in computed or v.aval.dtype == np.bool_:
+            raise TraceError(f"an aux output of {fn_name(info.fun)} ({v.aval}) is a constant, an argument or a "
+                             f"bool; PipeshardParallel combines aux over micro-batches, so return values computed "
+                             f"in the loss function, as float or int arrays")
     return loss
+
+
+def num_aux(info: GradInfo) -> int:
+    """How many aux leaves the marked loss returns (0 without ``has_aux``)."""
+    return len(info.out_avals) - 1 - sum(info.diff_mask) if info.has_aux else 0

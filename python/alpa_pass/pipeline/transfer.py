@@ -10,6 +10,13 @@ Two modes (``PipeshardParallel(transfer=...)``):
   jitted identity whose ``out_shardings`` is the destination sharding) rebuilds the replicas.
   Only axes whose size divides some tensor dimension are split; a tensor with none keeps the direct
   path, and so does a value already on the destination's devices (a local reshard).
+
+In both modes a value whose sharding is equivalent to the destination's is not moved, and a fully
+replicated value whose devices include all of the destination's is *viewed*, not copied: its
+per-device buffers on the destination devices become the result (FREE values such as the step
+counter live replicated on every stage, and each stage reads its own replicas).
+``assemble_replicas`` is the converse: per-stage replicated copies of one value become one array
+replicated over all their devices, again without a copy.
 """
 from __future__ import annotations
 
@@ -35,8 +42,15 @@ def transfer_many(xs, shardings, mode: str = "send_once_gather") -> list:
     if mode not in TRANSFER_MODES:
         raise ValueError(f"transfer mode must be one of {TRANSFER_MODES}, got {mode!r}")
     out = list(xs)
-    moves = [i for i, (x, s) in enumerate(zip(xs, shardings))
-             if not (isinstance(x, jax.Array) and x.sharding == s)]
+    moves = []
+    for i, (x, s) in enumerate(zip(xs, shardings)):
+        if isinstance(x, jax.Array) and (x.sharding == s or x.sharding.is_equivalent_to(s, x.ndim)):
+            continue
+        view = replica_view(x, s)
+        if view is None:
+            moves.append(i)
+        else:
+            out[i] = view
     if not moves:
         return out
     sends = [shardings[i] for i in moves]
@@ -51,6 +65,30 @@ def transfer_many(xs, shardings, mode: str = "send_once_gather") -> list:
     for j, (i, y) in enumerate(zip(moves, sent)):
         out[i] = gathers[j](y) if j in gathers else y
     return out
+
+
+def replica_view(x, dest):
+    """``x`` as an array with sharding ``dest`` sharing ``x``'s buffers, when ``x`` and ``dest``
+    are fully replicated and ``x`` has a replica on every device of ``dest``; else ``None``."""
+    if not (isinstance(x, jax.Array) and x.is_fully_replicated and dest.is_fully_replicated):
+        return None
+    if not dest.device_set <= x.sharding.device_set:
+        return None
+    mine = {s.device: s.data for s in x.addressable_shards}
+    devices = list(dest.addressable_devices_indices_map(x.shape))
+    return jax.make_array_from_single_device_arrays(x.shape, dest, [mine[d] for d in devices])
+
+
+def assemble_replicas(parts, sharding):
+    """One array with (fully replicated) ``sharding`` from ``parts``: replicated copies of the same
+    value whose devices together are exactly ``sharding``'s (no copy; buffers are shared)."""
+    mine = {}
+    for part in parts:
+        if not part.is_fully_replicated:
+            part = jax.device_put(part, NamedSharding(part.sharding.mesh, PartitionSpec()))
+        mine.update((s.device, s.data) for s in part.addressable_shards)
+    devices = list(sharding.addressable_devices_indices_map(parts[0].shape))
+    return jax.make_array_from_single_device_arrays(parts[0].shape, sharding, [mine[d] for d in devices])
 
 
 def _send_split(x, dest):
