@@ -67,28 +67,63 @@ std::vector<int64_t> maximal_points(const MemoryModel& m, int64_t n) {
   return points;
 }
 
+// Per node: its distinct consumers, whether an OUTPUT reads it, and whether it is a constant
+// expression (a GENERATOR, or a fusible op whose operands all are: XLA folds or recomputes those
+// inside their users and never gives them a buffer of their own).
+struct UseInfo {
+  std::vector<int64_t> consumers;
+  std::vector<char> to_output, constant;
+};
+
+UseInfo use_info(const Graph& g) {
+  const int64_t n = g.num_nodes();
+  UseInfo u{std::vector<int64_t>(n, 0), std::vector<char>(n, 0), std::vector<char>(n, 0)};
+  std::vector<int64_t> last_reader(n, -1);
+  for (int64_t v = 0; v < n; ++v) {
+    u.constant[v] = !heavy_kind(g.op_kind(v)) && g.op_kind(v) != OpKind::kOutput;
+    for (int64_t x : g.operands(v)) {
+      if (last_reader[x] != v) ++u.consumers[x];  // distinct consumers (v's operands come together)
+      last_reader[x] = v;
+      if (g.op_kind(v) == OpKind::kOutput) u.to_output[x] = 1;
+      if (!u.constant[x]) u.constant[v] = 0;
+    }
+  }
+  return u;
+}
+
+// read[v]: the last program point at which v's value is read. A materialised consumer reads it at
+// its own node; a fused one (not materialised) is recomputed inside each of its consumers, so it
+// reads its operands wherever it is itself read. -1 if nothing reads v.
+std::vector<int64_t> read_points(const Graph& g, const std::vector<char>& materialised) {
+  const int64_t n = g.num_nodes();
+  std::vector<int64_t> read(n, -1);
+  for (int64_t v = n - 1; v >= 0; --v) {
+    const int64_t at = (materialised[v] || g.op_kind(v) == OpKind::kOutput) ? v : std::max(v, read[v]);
+    for (int64_t x : g.operands(v)) read[x] = std::max(read[x], at);
+  }
+  return read;
+}
+
 }  // namespace
 
 MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donated_args) {
   const int64_t n = g.num_nodes();
   const std::vector<char> donated = donated_nodes(g, donated_args);
-  std::vector<int64_t> consumers(n, 0), last_use(n, -1);
-  std::vector<char> to_output(n, 0);
-  for (int64_t v = 0; v < n; ++v) {
-    for (int64_t u : g.operands(v)) {
-      if (last_use[u] != v) ++consumers[u];  // distinct consumers (v's operands are visited together)
-      last_use[u] = v;
-      if (g.op_kind(v) == OpKind::kOutput) to_output[u] = 1;
-    }
-  }
-  std::vector<int64_t> node, start, end;
+  const UseInfo use = use_info(g);
+  std::vector<char> materialised(n, 0);
   for (int64_t v = 0; v < n; ++v) {
     const OpKind k = g.op_kind(v);
-    if (k == OpKind::kOutput || !(heavy_kind(k) || consumers[v] > 1 || to_output[v])) continue;
-    const bool param = k == OpKind::kParameter;
+    const bool computed = heavy_kind(k) || (use.consumers[v] > 1 && !use.constant[v]);
+    materialised[v] = k != OpKind::kOutput && (computed || use.to_output[v]);
+  }
+  const std::vector<int64_t> read = read_points(g, materialised);
+  std::vector<int64_t> node, start, end;
+  for (int64_t v = 0; v < n; ++v) {
+    if (!materialised[v]) continue;
+    const bool param = g.op_kind(v) == OpKind::kParameter;
     const int64_t first = param ? 0 : v;
-    int64_t last = std::max(first, last_use[v]);
-    if ((param && !donated[v]) || to_output[v]) last = n - 1;
+    int64_t last = std::max(first, read[v]);
+    if ((param && !donated[v]) || use.to_output[v]) last = n - 1;
     node.push_back(v);
     start.push_back(first);
     end.push_back(last);

@@ -47,9 +47,10 @@ def ranges(prob):
 
 def test_liveness_counts_materialised_values_only():
     prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
-    # relu (node 3) has one consumer and is fused; the output (6) aliases d2.
-    assert ranges(prob) == {0: (0, 6), 1: (0, 6), 4: (0, 6), 2: (2, 3), 5: (5, 6)}
-    assert list(prob.memory_points) == [2, 5]  # the live set at 0 is contained in the one at 2
+    # relu (node 3) has one consumer and is fused into it: d2 reads d1 through relu, so d1 lives
+    # until node 5. The output (6) aliases d2.
+    assert ranges(prob) == {0: (0, 6), 1: (0, 6), 4: (0, 6), 2: (2, 5), 5: (5, 6)}
+    assert list(prob.memory_points) == [5]  # every other live set is contained in the one at 5
     assert prob.num_memory_rows == 0 and prob.ilp.num_linear_rows == 0  # no budget, no rows
 
 
@@ -70,6 +71,45 @@ def test_multi_consumer_and_output_values_count():
     b.add(OpKind.OUTPUT, [8, 8], F32, [e3], [0])
     prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
     assert ranges(prob) == {x: (0, 4), e1: (1, 3), e3: (3, 4)}
+
+
+def test_constant_expressions_count_only_when_output():
+    """A causal mask: iota -> compare -> broadcast to [batch, heads, seq, seq], read by a forward
+    and a backward select. XLA recomputes it inside both selects, so it takes no buffer."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [4, 8, 16, 16], F32, attrs=[0])
+    iota = b.add(OpKind.GENERATOR, [16, 16], 4)
+    mask = b.add(OpKind.ELEMENTWISE, [16, 16], 1, [iota])
+    wide = b.add(OpKind.BROADCAST, [4, 8, 16, 16], 1, [mask], [2, 3])  # two consumers, constant
+    fwd = b.add(OpKind.ELEMENTWISE, [4, 8, 16, 16], F32, [wide, x])
+    red = b.add(OpKind.REDUCE, [4, 8, 16], F32, [fwd], [3])
+    bwd = b.add(OpKind.ELEMENTWISE, [4, 8, 16, 16], F32, [wide, x])
+    b.add(OpKind.OUTPUT, [4, 8, 16], F32, [red], [0])
+    b.add(OpKind.OUTPUT, [4, 8, 16, 16], F32, [bwd], [1])
+    b.add(OpKind.OUTPUT, [16, 16], 1, [mask], [2])  # read by an OUTPUT: materialised after all
+    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    assert ranges(prob) == {x: (0, 9), mask: (2, 9), red: (5, 9), bwd: (6, 9)}
+    assert wide not in ranges(prob) and iota not in ranges(prob)
+
+
+def test_fused_values_keep_their_operands_until_read():
+    """A forward value fused into a backward consumer (jvp residuals): its operand, not it, stays."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [32, 64], F32, attrs=[0])
+    w = b.add(OpKind.PARAMETER, [64, 64], F32, attrs=[1])
+    h = b.add(OpKind.DOT, [32, 64], F32, [x, w], [0, 1, 1, 0])
+    act = b.add(OpKind.ELEMENTWISE, [32, 64], F32, [h])                    # read by y only
+    resid = b.add(OpKind.ELEMENTWISE, [32, 64], F32, [h])                  # fused into grad
+    y = b.add(OpKind.DOT, [32, 64], F32, [act, w], [0, 1, 1, 0])
+    scaled = b.add(OpKind.ELEMENTWISE, [32, 64], F32, [resid])             # fused into grad too
+    grad = b.add(OpKind.DOT, [64, 64], F32, [x, scaled], [0, 1, 0, 0])
+    b.add(OpKind.OUTPUT, [32, 64], F32, [y], [0])
+    b.add(OpKind.OUTPUT, [64, 64], F32, [grad], [1])
+    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [], donated_args=[0])
+    r = ranges(prob)
+    assert r[h] == (h, grad), "h is read by grad through resid and scaled"
+    assert act not in r and resid not in r and scaled not in r
+    assert r[x] == (0, grad) and r[y] == (y, 9) and r[grad] == (grad, 9)
 
 
 def row_activity(ilp, rows, x):
