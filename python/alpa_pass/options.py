@@ -43,9 +43,11 @@ class AutoShardingOption:
       tie_repeated_layers: solve repeated layers once: nodes at the same place of structurally
         repeated blocks (the layers a Python loop unrolls into) share one ILP choice, so L identical
         layers do not make an L-times larger ILP (``ShardingProblem.repeat_stats`` says what was tied).
-      prefer_reduce_scatter: weight-update sharding: where the plan reduces a partial sum (e.g. a
-        weight gradient over a split batch) into a split layout, emit an explicit reduce-scatter
-        (``emit/reduce_scatter.py``) instead of XLA's all-reduce + slice.
+      prefer_reduce_scatter: weight-update sharding: where the plan all-reduces a partial sum
+        that reaches the step's outputs elementwise (parameter gradients of dots, sum-reduces and
+        embedding scatter-adds, also in mixed data x model plans), emit an explicit reduce-scatter
+        over the summed mesh axes (``emit/reduce_scatter.py``, ``emit/partial_sums.py``) instead
+        of XLA's all-reduce. Activation partial sums stay all-reduces (their users need them whole).
     """
 
     allow_replicated_heavy_ops: bool = False

@@ -1,32 +1,34 @@
 """Weight-update sharding: partial-sum dots and sums rewritten to reduce-scatter explicitly.
 
 XLA's CPU pipeline never turns all-reduce + dynamic-slice into a reduce-scatter (DESIGN.md), so
-where the plan reduces a dot's (or a sum's) partial sums we write the reduce-scatter ourselves, as a manual
-computation (what ``shard_map(psum_scatter)`` lowers to).
+where the plan reduces a dot's (or a sum's) partial sums we write the reduce-scatter ourselves, as a
+manual computation (what ``shard_map(psum_scatter)`` lowers to).
 
 Input IR state: a Shardy module after :func:`alpa_pass.emit.constraints.insert_constraints`.
 Output IR state: every rewritten ``stablehlo.dot_general`` ``%d`` (and the value constraint that
 followed it) is replaced by
 
   %m = sdy.manual_computation(%lhs, %rhs) in_shardings=[<plan's operand layouts>]
-         out_shardings=[<result split on dim d over A>] manual_axes=A (%l, %r) {
-    %p = stablehlo.dot_general %l, %r   // local partial sums
+         out_shardings=[<plan's result layout, with A added on dim d>] manual_axes=<all axes> (%l, %r) {
+    %p = stablehlo.dot_general %l, %r   // local partial sums (local on the other axes' splits)
     %s = stablehlo.reduce_scatter(%p) scatter_dimension = d, replica groups along A
     sdy.return %s
   }
 
 whose result feeds the old uses; XLA all-gathers it only where a consumer needs it whole.
 
-A dot is rewritten when, in the plan, both operands are split only on a contracting dim pair
-over mesh axes A (the same axes on both sides), the result is not split (its partial sums are
-all-reduced over A), and some result dim d is divisible by the devices of A (the largest such
-dim). Dots with other splits are left to XLA's all-reduce.
-
-A ``stablehlo.reduce`` (a bias or LayerNorm gradient: a sum over batch dims) is rewritten the same
-way, with a local reduce in the manual computation, when it has one result, an add reducer and a
-constant zero init, its input is split only on reduced dims over A (the scalar init is never split),
-its result is not split, and some result dim is divisible by the devices of A (so scalar sums, such
-as a loss, stay all-reduced).
+Which ops qualify, the partial-sum axes A and the scatter dim d: :mod:`alpa_pass.emit.partial_sums`
+(in short: the dot's or sum's operands are split on contracted/reduced dims over A and, on every
+other mesh axis, split so that the op runs locally on its shards, as in 2-D data + tensor-parallel
+plans; and its result is a parameter gradient: it reaches a step output through elementwise ops).
+A ``stablehlo.reduce`` or ``stablehlo.scatter`` must moreover have one result and an add combiner,
+and sum into zeros (its init / input a zero constant or a broadcast of one).
+The region is manual over every mesh axis: the other axes' splits are spelled out in its
+in/out shardings. A region manual over A only, the other axes left automatic inside, is what
+``shard_map(axis_names=A)`` makes; XLA 0.10.2's CPU partitioner replicates a reduce-scatter's
+operand on the automatic axes there (a [32, 128] weight gradient split on "x" and reduce-scattered
+over "y" on a 2x4 mesh compiles to an all-gather over "x" and a reduce-scatter of the whole
+[8, 128]), while the fully manual region compiles to one reduce-scatter of the local [8, 64].
 """
 from __future__ import annotations
 
@@ -38,99 +40,62 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from alpa_pass.emit.constraints import sharding_text
+from alpa_pass.emit.partial_sums import PartialSum, partial_sums
 from alpa_pass.errors import EmitError
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.extract.stablehlo import functions
 from alpa_pass.mesh import LogicalMesh
 
 
-def partial_sum_dots(graph: OpGraph, plan, mesh: LogicalMesh) -> dict[int, tuple[tuple[int, ...], int]]:
-    """Node -> (mesh axes A its partial sums are reduced over, scatter dim d), for every dot or
-    reduce the rewrite may apply to (see the module docstring; a reduce's reducer and init are
-    checked later, on the MLIR op, by :func:`locate_partial_sum_dots`)."""
-    out = {}
-    for v in range(graph.num_nodes):
-        axes = _partial_axes(graph, plan, mesh, v)
-        if not axes:
-            continue
-        n = math.prod(mesh.shape[ax] for ax in axes)
-        shape = graph.shape(v)
-        dims = [d for d in range(len(shape)) if shape[d] % n == 0]
-        if dims:
-            out[v] = (tuple(axes), max(dims, key=lambda d: (shape[d], -d)))
-    return out
-
-
-def _partial_axes(graph: OpGraph, plan, mesh: LogicalMesh, v: int) -> list[int] | None:
-    """The mesh axes over which node ``v`` (a 2-operand dot or a reduce) holds partial sums and
-    which split nothing else of it; ``None`` when ``v`` has any other split or another kind."""
-    kind = OpKind(int(graph.kind[v]))
-    if kind not in (OpKind.DOT, OpKind.REDUCE) or len(graph.operands(v)) != 2:
-        return None
-    lhs, rhs = (list(s) for s in plan.operand_specs[v])
-    a = list(graph.node_attrs(v))
-    if kind == OpKind.DOT:
-        nb = a[0]
-        nc = a[1 + 2 * nb]
-        lc, rc = a[2 + 2 * nb:2 + 2 * nb + nc], a[2 + 2 * nb + nc:2 + 2 * nb + 2 * nc]
-        reduced = lambda ax: lhs[ax] in lc and rhs[ax] == rc[lc.index(lhs[ax])]
-    else:  # rhs is the scalar init: never split
-        reduced = lambda ax: lhs[ax] in a and rhs[ax] < 0
-    axes = []
-    for ax, size in enumerate(mesh.shape):
-        if size == 1:
-            continue
-        if plan.node_specs[v][ax] >= 0:
-            return None
-        if lhs[ax] < 0 and rhs[ax] < 0:
-            continue
-        if not reduced(ax):
-            return None
-        axes.append(ax)
-    return axes
-
-
 def locate_partial_sum_dots(module: ir.Module, graph: OpGraph, plan, mesh: LogicalMesh) -> list:
-    """The ops of :func:`partial_sum_dots` in ``module``, less the reduces that are not a
-    single-result sum from a zero init: call before ``insert_constraints`` (which shifts op
-    positions); hand the result to :func:`rewrite_reduce_scatter` afterwards.
+    """The ops of :func:`~alpa_pass.emit.partial_sums.partial_sums` in ``module``, less the reduces
+    and scatters that are not a single-result sum into zeros, as ``(op, PartialSum)`` pairs: call before
+    ``insert_constraints`` (which shifts op positions); hand the result to
+    :func:`rewrite_reduce_scatter` afterwards.
 
     Raises:
       EmitError: a node's locator does not point at an op of its kind.
     """
     funcs = functions(module)
     out = []
-    for v, (axes, dim) in sorted(partial_sum_dots(graph, plan, mesh).items()):
+    for v, found in sorted(partial_sums(graph, plan, mesh).items()):
         loc = graph.locators[v]
         op = list(funcs[loc.func].regions[0].blocks[0].operations)[loc.op_index].operation
-        want = "stablehlo.dot_general" if OpKind(int(graph.kind[v])) == OpKind.DOT else "stablehlo.reduce"
-        if op.name != want:
-            raise EmitError(f"node %{v} ({graph.labels[v]}) expects {want} at "
+        want = _OP_NAMES[OpKind(int(graph.kind[v]))]
+        if op.name not in want:
+            raise EmitError(f"node %{v} ({graph.labels[v]}) expects {want[0]} at "
                             f"@{loc.func} op {loc.op_index}, found {op.name}")
-        if want == "stablehlo.reduce" and not _is_zero_sum(op):
+        if op.name in _INIT_OPERAND and not _is_zero_sum(op):
             continue
-        out.append((op, v, axes, dim))
+        out.append((op, found))
     return out
 
 
+_OP_NAMES = {OpKind.DOT: ("stablehlo.dot_general", "stablehlo.dot"),
+             OpKind.REDUCE: ("stablehlo.reduce",), OpKind.SCATTER: ("stablehlo.scatter",)}
+_INIT_OPERAND = {"stablehlo.reduce": 1, "stablehlo.scatter": 0}  # the value summed into
+
+
 def _is_zero_sum(op) -> bool:
-    """``op`` (a stablehlo.reduce) has one result, an add reducer and a constant zero init, so a
-    sum of per-shard reduces equals the whole reduce."""
+    """``op`` (a stablehlo.reduce or scatter) has one result, an add combiner and sums into zeros
+    (a zero constant, or a broadcast of one), so a sum of per-shard results equals the whole."""
     if len(op.results) != 1:
         return False
     body = [o.operation.name for o in op.regions[0].blocks[0].operations]
-    init = op.operands[1].owner
-    if body != ["stablehlo.add", "stablehlo.return"] or not isinstance(init, ir.OpView):
+    if body != ["stablehlo.add", "stablehlo.return"]:
         return False
-    if init.operation.name != "stablehlo.constant":
+    init = op.operands[_INIT_OPERAND[op.name]].owner
+    if isinstance(init, ir.OpView) and init.operation.name == "stablehlo.broadcast_in_dim":
+        init = init.operation.operands[0].owner
+    if not isinstance(init, ir.OpView) or init.operation.name != "stablehlo.constant":
         return False
     value = ir.DenseElementsAttr(init.operation.attributes["value"])
     return value.is_splat and float(np.asarray(value.get_splat_value().value)) == 0.0
 
 
-def rewrite_reduce_scatter(module: ir.Module, located: list, plan, mesh: LogicalMesh,
+def rewrite_reduce_scatter(module: ir.Module, located: list, mesh: LogicalMesh,
                            mesh_name: str = "mesh") -> int:
-    """Rewrite the ``located`` dots in ``module`` (in place, then verified); returns how many.
+    """Rewrite the ``located`` ops in ``module`` (in place, then verified); returns how many.
 
     Raises:
       EmitError: the module does not verify afterwards.
@@ -138,8 +103,9 @@ def rewrite_reduce_scatter(module: ir.Module, located: list, plan, mesh: Logical
     handle = 1 + max((int(h) for h in re.findall(r"channel_handle<handle = (\d+)",
                                                   str(module.operation))), default=0)
     with module.context, ir.Location.unknown():
-        for k, (op, v, axes, dim) in enumerate(located):
-            _rewrite(op, plan, mesh, v, axes, dim, handle + k, mesh_name)
+        for k, (op, found) in enumerate(located):
+            with op.location:  # the new ops keep the op's name and source line (HLO metadata)
+                _rewrite(op, found, mesh, handle + k, mesh_name)
     try:
         module.operation.verify()
     except ir.MLIRError as e:
@@ -147,29 +113,26 @@ def rewrite_reduce_scatter(module: ir.Module, located: list, plan, mesh: Logical
     return len(located)
 
 
-def _rewrite(op, plan, mesh: LogicalMesh, v: int, axes, dim: int, handle: int, mesh_name: str):
-    """Replace ``op`` (node ``v``: a dot or sum reduce) and its value constraint by the manual
+def _rewrite(op, found: PartialSum, mesh: LogicalMesh, handle: int, mesh_name: str):
+    """Replace ``op`` (a dot, or a sum reduce or scatter) and its value constraint by the manual
     computation of the module docstring; its uses read the scattered result."""
-    names = [mesh.axis_names[a] for a in axes]
-    n = math.prod(mesh.shape[a] for a in axes)
+    n = math.prod(mesh.shape[a] for a in found.axes)
     out_t = ir.RankedTensorType(op.results[0].type)
-    specs = [list(s) for s in plan.operand_specs[v]]
-    ins = [_sharding(mesh, s, len(ir.RankedTensorType(x.type).shape), axes, mesh_name)
-           for s, x in zip(specs, op.operands)]
-    out_dims = [() for _ in out_t.shape]
-    out_dims[dim] = tuple(names)
+    ins = [_strip(sharding_text(dims, mesh_name)) for dims in found.operand_dims]
     attrs = {
         "in_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<[{', '.join(ins)}]>"),
-        "out_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<[{_strip(sharding_text(out_dims, mesh_name))}]>"),
-        "manual_axes": ir.Attribute.parse("#sdy<manual_axes{" + ", ".join(f'"{a}"' for a in names) + "}>"),
+        "out_shardings": ir.Attribute.parse(
+            f"#sdy.sharding_per_value<[{_strip(sharding_text(found.out_dims, mesh_name))}]>"),
+        "manual_axes": ir.Attribute.parse(
+            "#sdy<manual_axes{" + ", ".join(f'"{a}"' for a in mesh.axis_names) + "}>"),
     }
     manual = ir.Operation.create("sdy.manual_computation", results=[out_t], operands=list(op.operands),
                                  attributes=attrs, regions=1, ip=ir.InsertionPoint(op))
-    local = [_local_type(x.type, s, mesh, axes) for s, x in zip(specs, op.operands)]
+    local = [_local_type(x.type, dims, mesh) for dims, x in zip(found.operand_dims, op.operands)]
     block = manual.regions[0].blocks.append(*local)
     with ir.InsertionPoint(block):
-        partial = _local_op(op, out_t, list(block.arguments))
-        scattered = _reduce_scatter(partial.results[0], out_t, dim, n, _groups(mesh, axes), handle)
+        partial = _local_op(op, _local_type(out_t, found.local_dims, mesh), list(block.arguments))
+        scattered = _reduce_scatter(partial.results[0], found.dim, n, _groups(mesh, found.axes), handle)
         ir.Operation.create("sdy.return", operands=[scattered])
     result = op.results[0]
     for use in list(result.uses):
@@ -182,13 +145,14 @@ def _rewrite(op, plan, mesh: LogicalMesh, v: int, axes, dim: int, handle: int, m
 
 
 def _local_op(op, out_t, operands):
-    """A copy of ``op`` (a dot, or a sum reduce) on ``operands``, without its Shardy attributes."""
+    """A copy of ``op`` (a dot, or a sum reduce or scatter) on ``operands``, without its Shardy
+    attributes."""
     named = [op.attributes[i] for i in range(len(op.attributes))]
     keep = {a.name: a.attr for a in named if not a.name.startswith("sdy.")}
-    is_reduce = op.name == "stablehlo.reduce"
+    sums = op.name in _INIT_OPERAND
     local = ir.Operation.create(op.name, results=[out_t], operands=operands, attributes=keep,
-                                regions=int(is_reduce))
-    if is_reduce:
+                                regions=int(sums))
+    if sums:
         _add_body(local.regions[0], out_t.element_type)
     return local
 
@@ -200,41 +164,38 @@ def _add_body(region, element_type):
         stablehlo.ReturnOp([stablehlo.AddOp(*body.arguments).result])
 
 
-def _reduce_scatter(value, full_t, dim: int, n: int, groups: np.ndarray, handle: int):
-    shape = list(full_t.shape)
+def _reduce_scatter(value, dim: int, n: int, groups: np.ndarray, handle: int):
+    """``value`` reduce-scattered on ``dim`` over the device ``groups`` (``n`` devices each)."""
+    local_t = ir.RankedTensorType(value.type)
+    shape = list(local_t.shape)
     shape[dim] //= n
     rs = ir.Operation.create(
-        "stablehlo.reduce_scatter", results=[ir.RankedTensorType.get(shape, full_t.element_type)],
+        "stablehlo.reduce_scatter", results=[ir.RankedTensorType.get(shape, local_t.element_type)],
         operands=[value], regions=1, attributes={
             "channel_handle": ir.Attribute.parse(f"#stablehlo.channel_handle<handle = {handle}, type = 1>"),
-            "replica_groups": ir.DenseIntElementsAttr.get(groups.astype(np.int64)),
+            "replica_groups": ir.DenseIntElementsAttr.get(groups),
             "scatter_dimension": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim),
             "use_global_device_ids": ir.UnitAttr.get(),
         })
-    _add_body(rs.regions[0], full_t.element_type)
+    _add_body(rs.regions[0], local_t.element_type)
     return rs.results[0]
 
 
 def _groups(mesh: LogicalMesh, axes) -> np.ndarray:
-    """Device groups (global ids in mesh order) that differ only along ``axes``, major to minor."""
+    """Device groups (global ids in mesh order) that differ only along ``axes``, major to minor:
+    int64[num groups, devices per group], C-contiguous."""
     others = [a for a in range(len(mesh.shape)) if a not in axes]
     ids = np.arange(mesh.num_devices).reshape(mesh.shape).transpose(others + list(axes))
-    return ids.reshape(-1, math.prod(mesh.shape[a] for a in axes))
-
-
-def _sharding(mesh: LogicalMesh, spec, rank: int, axes, mesh_name: str) -> str:
-    dims = [tuple(n for n in d if mesh.axis_names.index(n) in axes) for d in mesh.dim_axes(spec, rank)]
-    return _strip(sharding_text(dims, mesh_name))
+    return np.ascontiguousarray(ids.reshape(-1, math.prod(mesh.shape[a] for a in axes)), dtype=np.int64)
 
 
 def _strip(text: str) -> str:
     return text[len("#sdy.sharding"):]
 
 
-def _local_type(t, spec, mesh: LogicalMesh, axes) -> ir.RankedTensorType:
+def _local_type(t, dims, mesh: LogicalMesh) -> ir.RankedTensorType:
+    """``t`` divided, dim by dim, by the devices of the mesh axes named in ``dims``."""
     t = ir.RankedTensorType(t)
-    shape = list(t.shape)
-    for a in axes:
-        if spec[a] >= 0:
-            shape[spec[a]] //= mesh.shape[a]
+    shape = [size // math.prod(mesh.shape[mesh.axis_names.index(a)] for a in d)
+             for size, d in zip(t.shape, dims)]
     return ir.RankedTensorType.get(shape, t.element_type)

@@ -144,7 +144,7 @@ def plan_and_compile(fn, args, mesh, option: AutoShardingOption, donate_argnums=
         operand_dim_shardings=operand_targets(graph, plan, mesh))
     if dots:
         log.info("%s: %d partial-sum dots reduce-scattered", fn_name(fn),
-                 rewrite_reduce_scatter(module, dots, plan, mesh))
+                 rewrite_reduce_scatter(module, dots, mesh))
     timings["emit"] = time.perf_counter() - t
 
     t = time.perf_counter()

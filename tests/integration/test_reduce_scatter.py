@@ -1,0 +1,153 @@
+"""prefer_reduce_scatter on mixed 2-D plans: GPT with the batch split on one mesh axis and Megatron
+tensor parallelism on the other (what the ILP picks on 2x4 and 4x2). The weight gradients contract
+over the data-split batch while being split on the model axis; with ``prefer_reduce_scatter`` their
+data-axis all-reduces must become reduce-scatters, and 3 Adam steps must match one device."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from tests import helpers
+from tests.models import default_optimizer, gpt, init_state
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def gpt_setup():
+    """(train step, state, batches, single-device losses, single-device final state)."""
+    config = gpt.Config(layers=2)
+    optimizer = default_optimizer()
+    step_fn = gpt.make_train_step(optimizer, config)
+    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
+    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    dev = jax.devices()[0]
+    ref, ref_state, losses = jax.jit(step_fn), jax.device_put(state, dev), []
+    for batch in batches:
+        ref_state, loss = ref(ref_state, jax.device_put(batch, dev))
+        losses.append(float(loss))
+    return step_fn, state, batches, losses, ref_state
+
+
+@pytest.fixture(scope="module", params=[(2, 4), (4, 2)], ids=["2x4", "4x2"])
+def mixed_run(request, gpt_setup):
+    """Runs 3 steps with prefer_reduce_scatter on the mesh; compiles the same plan without it
+    (the plain executable: all-reduces where the run reduce-scatters).
+
+    Returns (mesh, run's executable, plain executable, losses, final state, model axis index).
+    """
+    step_fn, state, batches, _, _ = gpt_setup
+    mesh = ap.LogicalMesh(shape=request.param)
+    option = ap.AutoShardingOption(prefer_reduce_scatter=True)
+    step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, option=option))
+    exe = step.get_executable(state, batches[0])
+    losses = []
+    for batch in batches:
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    plain = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, plan=exe.plan))
+    plain = plain.get_executable(*_args(gpt_setup))
+    return mesh, exe, plain, losses, state, _model_axis(exe, mesh, gpt_setup)
+
+
+def _args(gpt_setup):
+    step_fn, state, batches, _, _ = gpt_setup
+    return state, batches[0]
+
+
+def _model_axis(exe, mesh, gpt_setup) -> int:
+    """The mesh axis that splits the MLP kernels (Megatron); asserts the plan is mixed 2-D."""
+    state, batch = _args(gpt_setup)
+    specs = helpers.specs_by_path((state, batch), exe.plan.input_specs)
+    axes = {a for i in range(2) for k in ("w1", "w2")
+            for a in sum(helpers.split_dims(specs[f"[0][0]['blocks'][{i}]['{k}']"], 2, mesh).values(), ())}
+    assert len(axes) == 1, f"precondition: a Megatron-split MLP on one mesh axis, got axes {axes}"
+    return mesh.axis_names.index(axes.pop())
+
+
+def _groups_along(mesh, axis: int) -> set:
+    ids = np.moveaxis(np.arange(mesh.num_devices).reshape(mesh.shape), axis, -1)
+    return {tuple(int(i) for i in row) for row in ids.reshape(-1, mesh.shape[axis])}
+
+
+def _along(collective, groups: set) -> bool:
+    return collective.groups is not None and set(collective.groups) == groups
+
+
+def test_mixed_plan_matches_single_device(mixed_run, gpt_setup):
+    _, _, _, ref_losses, ref_state = gpt_setup
+    _, _, _, losses, state, _ = mixed_run
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
+    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+
+
+def test_gradient_all_reduces_become_reduce_scatters(mixed_run):
+    mesh, exe, plain, _, _, model = mixed_run
+    data = 1 - model
+    data_groups = _groups_along(mesh, data)
+    before = [c for c in helpers.collectives(plain.hlo_text()) if _along(c, data_groups)]
+    after = [c for c in helpers.collectives(exe.hlo_text()) if _along(c, data_groups)]
+    grads = [c for c in before if c.kind == "all-reduce" and any(s for s in c.shapes)]
+    assert grads, "precondition: the plain plan all-reduces gradients over the data axis"
+    # Every data-axis all-reduce of a tensor is gone, only the scalar loss may remain ...
+    assert all(s == () for c in after if c.kind == "all-reduce" for s in c.shapes), \
+        [c.line for c in after if c.kind == "all-reduce"]
+    # ... each gradient is reduce-scattered over the data axis instead: 1/n of its bytes a device.
+    rs = [c for c in after if c.kind == "reduce-scatter"]
+    grad_bytes = sum(c.bytes for c in grads) - 4 * sum(1 for c in grads for s in c.shapes if s == ())
+    assert sum(c.bytes for c in rs) * mesh.shape[data] == grad_bytes
+    assert not [c for c in helpers.collectives(exe.hlo_text())
+                if c.kind == "reduce-scatter" and not _along(c, data_groups)]
+
+
+def test_model_split_gradients_are_scattered_on_both_axes(mixed_run, gpt_setup):
+    # The MLP kernels are split on the model axis; their gradient shards are reduce-scattered
+    # over the data axis, so each device ends with 1/8 of the kernel's gradient (the 1-D rewrite
+    # left these all-reduced).
+    mesh, exe, _, _, _, model = mixed_run
+    state, _ = _args(gpt_setup)
+    kernel = state[0]["blocks"][0]["w1"]
+    data_groups = _groups_along(mesh, 1 - model)
+    shards = [c for c in helpers.collectives(exe.hlo_text())
+              if c.kind == "reduce-scatter" and _along(c, data_groups)
+              and any(int(np.prod(s)) * mesh.num_devices == kernel.size and len(s) == 2 for s in c.shapes)]
+    assert len(shards) >= 4, "w1 and w2 gradients of both blocks are scattered over both axes"
+
+
+def test_activation_all_reduces_stay(mixed_run):
+    # Megatron's activation partial sums (model axis) are not parameter gradients: kept.
+    mesh, exe, plain, _, _, model = mixed_run
+    model_groups = _groups_along(mesh, model)
+    count = lambda exe_: sum(1 for c in helpers.collectives(exe_.hlo_text())  # noqa: E731
+                             if c.kind == "all-reduce" and _along(c, model_groups))
+    assert count(exe) == count(plain) > 0
+
+
+def test_embedding_gradient_scatter_is_reduce_scattered_on_3d_mesh():
+    # On 2x2x2 the plan scatter-adds the token-embedding gradient from batch-split updates (partial
+    # sums over a batch axis, all-reduced without the option); with it, a reduce-scatter. The
+    # weight gradients' partial sums over the two batch axes (4 devices) are reduce-scattered too.
+    config = gpt.Config(layers=1)
+    optimizer = default_optimizer()
+    step_fn = gpt.make_train_step(optimizer, config)
+    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
+    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    dev = jax.devices()[0]
+    ref, ref_state = jax.jit(step_fn), jax.device_put(state, dev)
+    option = ap.AutoShardingOption(prefer_reduce_scatter=True)
+    step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 2, 2)), option=option))
+    for batch in batches:
+        ref_state, ref_loss = ref(ref_state, jax.device_put(batch, dev))
+        state, loss = step(state, batch)
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=RTOL, atol=ATOL)
+    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    found = helpers.collectives(step.get_executable(state, batches[0]).hlo_text())
+    scatter_add = [c for c in found if "scatter-add" in c.line]
+    kinds = [c.kind for c in scatter_add]  # the scattered gradient is all-gathered for the update
+    assert "reduce-scatter" in kinds and "all-reduce" not in kinds, kinds
+    assert all(s == () for c in found if c.kind == "all-reduce" and c.group_size == 4 for s in c.shapes)
