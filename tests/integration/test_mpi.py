@@ -111,8 +111,8 @@ def test_gpt_2_processes_x_4_devices_through_alpa_pass_run(tmp_path):
     _check_gpt(out, 4, 2)
 
 
-def _load_train_mlp():
-    spec = importlib.util.spec_from_file_location("train_mlp", SCRIPTS / "train_mlp.py")
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -129,7 +129,7 @@ def test_plugin_jit_spans_all_processes():
     assert runs[0]["num_devices"] == 4
     assert all(p["devices"] == 4 for p in runs[0]["params"])
     assert any("'" in p["spec"] for p in runs[0]["params"]), "no parameter is split"
-    mlp = _load_train_mlp()
+    mlp = _load_script("train_mlp")
     params = mlp.init_params(jax.random.key(0))
     opt_state = mlp.optimizer.init(params)
     rng = np.random.default_rng(0)
@@ -318,3 +318,32 @@ def test_cross_process_moves_between_submeshes(tmp_path):
     # process 0 split along dim 0; 3: from the whole 2x2 cluster to process 1, split along dim 0
     assert held == {0: [(1, (4, 3))] * 2, 1: [(1, (4, 6))] * 2, 2: [(0, (2, 6))] * 2,
                     3: [(1, (2, 6))] * 2}
+
+
+@needs_mpi
+@pytest.mark.parametrize("devices,schedule,steps", [(2, "1f1b", 3), (4, "gpipe", 2)])
+def test_two_stage_pipeline_one_stage_per_process_matches_single_device(tmp_path, devices, schedule, steps):
+    """PipeshardParallel with stage 0 on process 0's devices and stage 1 on process 1's:
+    activations and cotangents cross processes every micro-batch; the optimizer update runs per
+    stage; losses and the final state equal plain jax.jit on one device."""
+    proc, _ = _launch("mpi_pipeline.py", str(tmp_path / "out.npz"), str(steps), schedule,
+                      devices=devices, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(tmp_path / "out.npz")
+    assert int(got["process_count"]) == 2 and len(set(got["digests"].tolist())) == 1
+    assert got["stage_processes"].tolist() == [[0], [1]]
+    held = got["param_processes"].tolist()
+    assert [0] in held and [1] in held and all(len(p) == 1 for p in held), held
+    script = _load_script("mpi_pipeline")
+    optimizer = default_optimizer()
+    state, batches = script.make_data(optimizer, steps)
+    step = jax.jit(script.make_train_step(optimizer))
+    dev = jax.devices()[0]
+    state = jax.device_put(state, dev)
+    losses = []
+    for batch in batches:
+        state, loss = step(state, jax.device_put(batch, dev))
+        losses.append(float(loss))
+    np.testing.assert_allclose(got["losses"], losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
+    for i, want in enumerate(jax.tree.leaves(state)):
+        np.testing.assert_allclose(got[f"leaf_{i}"], np.asarray(want), rtol=RTOL, atol=ATOL, err_msg=f"leaf {i}")

@@ -17,6 +17,13 @@ devices of a collective runs it as a no-op):
   (``multihost_utils.broadcast_one_to_all``: a host round trip), then placed on the destination.
   Correct for any layout but slow: it is the fallback, never the path of a planned pipeline
   whose stages have equal submeshes.
+
+**Ordering.** Cross-process collectives must run in the same order on every process, but the CPU
+runtime may run independently dispatched computations in any order. Letting computations stay in
+flight across a cross-process collective was seen to deadlock (1 run in 3 of the 2-process GPipe
+test) even when only the cross-process ones were waited for; waiting for every computation the
+pipeline issues (:func:`settle`) made 4 of 4 runs pass. So under several processes each process
+runs its own tasks one after another; stages on different processes still run at the same time.
 """
 from __future__ import annotations
 
@@ -32,15 +39,53 @@ from alpa_pass.runtime.multiprocess import broadcast_from_owners
 _PP = "_alpa_pp"  # the union mesh's stage axis; a name no user mesh uses
 
 
-def crosses_processes(x, dest) -> bool:
-    """Whether placing ``x`` with ``dest`` needs devices of another process to take part.
+def device_put_many(xs, dests) -> list:
+    """``jax.device_put(xs, dests)``, also where a move involves devices of other processes.
 
-    Host values (numpy, Python scalars) never do: every process places its own part of them.
+    Host values (numpy arrays, Python scalars) are placed by every process for its own devices, as
+    ``jax.device_put`` does. An array move that involves devices of one process only runs there
+    (other processes get an array with no addressable shards); one that involves devices of several
+    processes is a collective (:func:`put`). Every process must call this with the same global
+    arrays and destinations, in the same order.
     """
-    if not isinstance(x, jax.Array) or x.sharding.device_set == dest.device_set:
-        return False
+    out = [None] * len(xs)
+    local = []
     here = jax.process_index()
-    return any(d.process_index != here for d in (*x.sharding.device_set, *dest.device_set))
+    for i, (x, dest) in enumerate(zip(xs, dests)):
+        owners = involved_processes(x, dest)
+        if owners is None or owners == {here}:
+            local.append(i)
+        elif len(owners) > 1:
+            out[i] = put(x, dest)
+        else:
+            out[i] = jax.make_array_from_single_device_arrays(x.shape, dest, [], dtype=x.dtype)
+    placed = settle(jax.device_put([xs[i] for i in local], [dests[i] for i in local]))
+    for i, y in zip(local, placed):
+        out[i] = y
+    return out
+
+
+def settle(result):
+    """Under several processes, wait for ``result`` (a pytree of arrays; see "Ordering" above);
+    returns ``result``. A no-op in a single process, where dispatch stays asynchronous."""
+    if jax.process_count() > 1:
+        jax.block_until_ready(result)
+    return result
+
+
+def involved_processes(x, dest) -> set[int] | None:
+    """The processes whose devices take part in placing ``x`` with ``dest``; ``None`` for a host
+    value (placed by every process on its own devices)."""
+    if not isinstance(x, jax.Array):
+        return None
+    return {d.process_index for d in (*x.sharding.device_set, *dest.device_set)}
+
+
+def crosses_processes(x, dest) -> bool:
+    """Whether placing array ``x`` with ``dest`` needs a collective across processes (the same
+    answer on every process)."""
+    owners = involved_processes(x, dest)
+    return owners is not None and len(owners) > 1 and x.sharding.device_set != dest.device_set
 
 
 def put(x, dest):
@@ -69,7 +114,7 @@ def _permute_put(x, dest: NamedSharding, src_devices):
     dst_devices = np.asarray(dest.mesh.devices)
     src_mesh = Mesh(np.asarray(src_devices, dtype=object).reshape(dst_devices.shape),
                     dest.mesh.axis_names)
-    staged = _reshard_fn(NamedSharding(src_mesh, dest.spec))(x)
+    staged = settle(_reshard_fn(NamedSharding(src_mesh, dest.spec))(x))
     union = NamedSharding(Mesh(np.stack([np.asarray(src_mesh.devices), dst_devices]),
                                (_PP, *dest.mesh.axis_names)), PartitionSpec(_PP, *dest.spec))
     local_src = {s.device: s.data for s in staged.addressable_shards}
@@ -81,7 +126,7 @@ def _permute_put(x, dest: NamedSharding, src_devices):
         else:
             pieces.append(jnp.zeros((1, *block), dtype, device=device))
     stacked = jax.make_array_from_single_device_arrays((2, *shape), union, pieces, dtype=dtype)
-    moved = _permute_fn(union)(stacked)
+    moved = settle(_permute_fn(union)(stacked))
     mine = [s.data.reshape(block) for s in moved.addressable_shards if s.device in dest.device_set]
     return jax.make_array_from_single_device_arrays(shape, dest, mine, dtype=dtype)
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import json
 
 
 @dataclasses.dataclass
@@ -39,7 +41,8 @@ class ApplyReport:
 class PipelinePlan:
     """Attributes: stages (StageReport), num_layers, num_micro_batches, schedule name, ticks (per
     clock tick the (stage, kind, micro) tasks run), apply (ApplyReport per apply executable, in run
-    order), timings."""
+    order), timings, digest (hex sha256 of everything that decides what runs where: stages, their
+    devices, the schedule and every intra-op plan; equal on every process of a multi-process job)."""
 
     stages: list
     num_layers: int
@@ -48,6 +51,7 @@ class PipelinePlan:
     ticks: list
     apply: list
     timings: dict
+    digest: str = ""
 
     @classmethod
     def from_program(cls, program) -> "PipelinePlan":
@@ -58,7 +62,8 @@ class PipelinePlan:
                              len(a.program.eqns), len(a.program.inputs[0]), len(a.program.inputs[1]),
                              len(a.program.inputs[2]), len(a.program.outputs[2]), a.plan) for a in program.apply]
         return cls(stages, len(program.layers), program.method.num_micro_batches,
-                   program.method.pipeline_schedule, program.ticks, apply, program.timings)
+                   program.method.pipeline_schedule, program.ticks, apply, program.timings,
+                   _digest(program, stages))
 
     @property
     def num_stages(self) -> int:
@@ -100,6 +105,17 @@ class PipelinePlan:
     def save_timeline(self, path: str) -> str:
         """Write the schedule picture (a timeline per submesh) as a PNG; returns ``path``."""
         return save_timeline(self, path)
+
+
+def _digest(program, stages) -> str:
+    from alpa_pass.runtime.multiprocess import plan_digest
+
+    body = {"stages": [[list(s.layers), list(s.physical_shape), list(s.logical_shape), list(s.devices)]
+                       for s in stages],
+            "schedule": [program.method.pipeline_schedule, program.method.num_micro_batches],
+            "plans": [plan_digest(p) for c in program.stages for p in (c.fwd_plan, c.bwd_plan)]
+            + [plan_digest(a.plan) for a in program.apply]}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def save_timeline(plan: PipelinePlan, path: str) -> str:

@@ -1,9 +1,12 @@
 """Run a compiled pipeshard step: micro-batches through the stages in schedule order, then the
 apply executables (per stage, on its submesh; a cross-stage one only for cross-stage equations).
 
-Per stage there are forward, backward and apply executables. Every executable is dispatched
-asynchronously and nothing waits on the host inside a step, so stages on disjoint submeshes run
-concurrently. Every value that crosses submeshes goes through ``transfer_many`` (one batched
+Per stage there are forward, backward and apply executables. In one process every executable is
+dispatched asynchronously and nothing waits on the host inside a step, so stages on disjoint
+submeshes run concurrently. Under several processes (``mpirun``) every process walks the same
+schedule: executables whose devices it does not hold are no-ops there, moves between processes are
+collectives (``cross_process``), and each process waits for each of its computations before the
+next (``cross_process.settle``), so stages on different processes run concurrently. Every value that crosses submeshes goes through ``transfer_many`` (one batched
 ``jax.device_put`` per task to the consumer's planned shardings; under
 ``transfer="send_once_gather"`` replicated values are sent split, then all-gathered on arrival).
 The step's outputs stay where the apply executables wrote them: parameters and optimizer state
@@ -15,11 +18,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-
+import numpy as np
 from jax.extend.core import Literal
+from jax.sharding import SingleDeviceSharding
 
 from alpa_pass.pipeline.apply_sites import FREE
 from alpa_pass.pipeline.compile import PipeshardProgram, compile_pipeshard
+from alpa_pass.pipeline.cross_process import settle
 from alpa_pass.pipeline.transfer import assemble_replicas, transfer_many
 
 
@@ -42,6 +47,8 @@ class PipeshardExecutable:
         leaves, treedef = jax.tree.flatten(args)
         if treedef != self._in_treedef:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}")
+        if jax.process_count() > 1:
+            leaves = [_host_if_local(x) for x in leaves]
         env = self._run_pipeline(leaves)
         env.update(zip(self.program.traced.step.jaxpr.invars, leaves))
         return jax.tree.unflatten(self.program.traced.out_tree, self._run_apply(env))
@@ -62,7 +69,8 @@ class PipeshardExecutable:
             for g in a.program.inputs:
                 groups.append(tuple(ins[at:at + len(g)]))
                 at += len(g)
-            for v, x in zip(a.program.flat_outputs, jax.tree.leaves(a.exe(*groups))):
+            outs = settle(a.exe(*groups))
+            for v, x in zip(a.program.flat_outputs, jax.tree.leaves(outs)):
                 if p.sites.site(v) == FREE:
                     free.setdefault(v, []).append(x)
                 else:
@@ -91,13 +99,16 @@ class PipeshardExecutable:
         return out
 
     def _marker_inputs(self, leaves):
-        """Per marker input, its per-micro-batch values (batch leaves are cut along axis 0)."""
+        """Per marker input, its per-micro-batch values (batch leaves are cut along axis 0: host values
+        on the host, so each micro-batch is placed straight onto its stage, also across processes)."""
         p = self.program
         num = p.method.num_micro_batches
         out = []
         for k, i in enumerate(p.traced.marker_arg):
             x = leaves[i]
-            if p.traced.batch_mask[k]:
+            if p.traced.batch_mask[k] and not isinstance(x, jax.Array):
+                out.append(np.split(np.asarray(x), num, axis=0))  # host values: cut on the host
+            elif p.traced.batch_mask[k]:
                 out.append(list(_splitter(num)(x)))
             else:
                 out.append([x] * num)
@@ -148,7 +159,7 @@ class PipeshardExecutable:
                 vals.append(inputs[src][m])
             else:
                 vals.append(placed[(prog.index, src)])
-        outs = st.fwd(*self._transfer(vals, shardings))
+        outs = settle(st.fwd(*self._transfer(vals, shardings)))
         names = (*prog.float_outputs, *prog.int_outputs)
         for v, x in zip(names, outs):
             acts[(v, m)] = x
@@ -169,11 +180,21 @@ class PipeshardExecutable:
             acc = [jax.numpy.zeros(v.aval.shape, v.aval.dtype, device=sh)
                    for v, sh in zip(prog.param_inputs, shardings[n:])]
         vals += list(acc)
-        outs = st.bwd(*self._transfer(vals, shardings))
+        outs = settle(st.bwd(*self._transfer(vals, shardings)))
         n_act = len(prog.act_inputs)
         for v, x in zip(prog.act_inputs, outs[:n_act]):
             cts[(v, m, prog.index)] = x
         return list(outs[n_act:])
+
+
+def _host_if_local(x):
+    """Under several processes: a jax.Array on one device without a mesh (SingleDeviceSharding: an
+    eager result such as freshly initialised parameters, which every process computed for itself)
+    is a host value, placed by each process for its own devices like a numpy array. Arrays with
+    mesh shardings (a step's outputs, ``place_global`` results) are global and stay as they are."""
+    if isinstance(x, jax.Array) and isinstance(x.sharding, SingleDeviceSharding):
+        return np.asarray(x)
+    return x
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,5 +205,12 @@ def _splitter(num: int):
 
 def build_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardExecutable:
     """Trace, plan and compile ``fn(*args)`` under ``method`` (a PipeshardParallel); the apply
-    executables donate the buffers of the arguments at ``donate_argnums``."""
-    return PipeshardExecutable(compile_pipeshard(fn, args, method, donate_argnums), jax.tree.structure(args))
+    executables donate the buffers of the arguments at ``donate_argnums``. With several processes
+    the plans are compared (PlanDivergedError on every rank if they differ)."""
+    exe = PipeshardExecutable(compile_pipeshard(fn, args, method, donate_argnums), jax.tree.structure(args))
+    if jax.process_count() > 1:  # every process must run the same stages, schedule and plans
+        from alpa_pass.runtime.multiprocess import compare_digests, gather_digests
+
+        name = getattr(fn, "__qualname__", "fn")
+        compare_digests(gather_digests(exe.plan.digest), f"pipeline plan of {name}")
+    return exe

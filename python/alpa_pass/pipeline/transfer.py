@@ -25,6 +25,8 @@ import functools
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from alpa_pass.pipeline.cross_process import device_put_many, settle
+
 TRANSFER_MODES = ("send_once_gather", "direct")
 
 
@@ -61,9 +63,9 @@ def transfer_many(xs, shardings, mode: str = "send_once_gather") -> list:
             if split is not None:
                 sends[j] = split
                 gathers[j] = _gather_fn(shardings[i])
-    sent = jax.device_put([xs[i] for i in moves], sends)
+    sent = device_put_many([xs[i] for i in moves], sends)
     for j, (i, y) in enumerate(zip(moves, sent)):
-        out[i] = gathers[j](y) if j in gathers else y
+        out[i] = settle(gathers[j](y)) if j in gathers else y
     return out
 
 
@@ -76,7 +78,7 @@ def replica_view(x, dest):
         return None
     mine = {s.device: s.data for s in x.addressable_shards}
     devices = list(dest.addressable_devices_indices_map(x.shape))
-    return jax.make_array_from_single_device_arrays(x.shape, dest, [mine[d] for d in devices])
+    return jax.make_array_from_single_device_arrays(x.shape, dest, [mine[d] for d in devices], dtype=x.dtype)
 
 
 def assemble_replicas(parts, sharding):
@@ -85,10 +87,11 @@ def assemble_replicas(parts, sharding):
     mine = {}
     for part in parts:
         if not part.is_fully_replicated:
-            part = jax.device_put(part, NamedSharding(part.sharding.mesh, PartitionSpec()))
+            part = device_put_many([part], [NamedSharding(part.sharding.mesh, PartitionSpec())])[0]
         mine.update((s.device, s.data) for s in part.addressable_shards)
     devices = list(sharding.addressable_devices_indices_map(parts[0].shape))
-    return jax.make_array_from_single_device_arrays(parts[0].shape, sharding, [mine[d] for d in devices])
+    return jax.make_array_from_single_device_arrays(parts[0].shape, sharding, [mine[d] for d in devices],
+                                                    dtype=parts[0].dtype)
 
 
 def _send_split(x, dest):

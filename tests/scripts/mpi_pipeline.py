@@ -1,0 +1,81 @@
+"""Run under ``alpa_pass.launch`` on 2 processes: a 2-stage PipeshardParallel GPT, one stage per process.
+
+``mpi_pipeline.py OUT.npz STEPS SCHEDULE``. The cluster mesh is every device of both processes
+(2 rows: process 0's devices, then process 1's); uniform stages give stage 0 (embedding + block 0)
+process 0's devices and stage 1 (block 1 + head + loss) process 1's. Activations go forward and
+cotangents back across processes every micro-batch. Rank 0 writes OUT.npz: ``losses``, the final
+state leaves ``leaf_i`` (tree order, read on every rank with ``global_to_host``), per stage the
+processes holding its devices (``stage_processes``) and per parameter leaf the processes holding
+it (``param_processes``), and both ranks' plan digests. The test imports this file for
+``CONFIG``, ``make_train_step`` and ``make_data`` to compute the single-device reference.
+"""
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import alpa_pass as ap
+from tests.models import default_optimizer, gpt, init_state
+
+CONFIG = gpt.Config(layers=2, tied=False)
+
+
+def loss_fn(params, batch):
+    tokens = batch["tokens"]
+    x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
+    for i, p in enumerate(params["blocks"]):
+        x = x + gpt._attention(p, gpt._layer_norm(p["ln1"], x), CONFIG.heads)
+        x = x + gpt._mlp(p, gpt._layer_norm(p["ln2"], x))
+        if i + 1 < len(params["blocks"]):
+            ap.mark_pipeline_boundary()
+    logp = jax.nn.log_softmax(gpt._layer_norm(params["ln_f"], x) @ params["lm_head"], axis=-1)
+    return jnp.mean(-jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
+
+
+def make_train_step(optimizer):
+    def train_step(state, batch):
+        params, opt_state = state
+        loss, grads = ap.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    return train_step
+
+
+def make_data(optimizer, steps):
+    """The first state (eager jax arrays, as a user makes them) and ``steps`` host batches."""
+    state = init_state(gpt.init(jax.random.key(0), CONFIG), optimizer)
+    batches = [jax.tree.map(np.asarray, gpt.make_batch(jax.random.key(100 + i), CONFIG)) for i in range(steps)]
+    return state, batches
+
+
+def main(out, steps, schedule):
+    from alpa_pass.runtime.multiprocess import gather_digests, global_to_host
+
+    optimizer = default_optimizer()
+    state, batches = make_data(optimizer, steps)
+    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, jax.device_count() // 2)), num_micro_batches=2,
+                                  layer_option="manual", stage_option=ap.UniformStageOption(num_stages=2),
+                                  pipeline_schedule=schedule)
+    step = ap.parallelize(make_train_step(optimizer), method=method)
+    losses = []
+    for batch in batches:
+        state, loss = step(state, batch)
+        losses.append(loss)
+    exe = step.get_executable(state, batches[0])
+    assert step.num_plans == 1, "outputs fed back must not re-plan"
+    stage_processes = [sorted({d.process_index for d in st.spec.mesh.devices}) for st in exe.program.stages]
+    param_processes = [sorted({d.process_index for d in x.sharding.device_set}) for x in jax.tree.leaves(state[0])]
+    digests = gather_digests(exe.plan.digest)
+    losses = global_to_host(losses)
+    leaves = global_to_host(jax.tree.leaves(state))
+    if jax.process_index() == 0:
+        np.savez(out, losses=np.array(losses), process_count=jax.process_count(), digests=np.array(digests),
+                 stage_processes=np.array(stage_processes), param_processes=np.array(param_processes),
+                 **{f"leaf_{i}": x for i, x in enumerate(leaves)})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
