@@ -143,11 +143,12 @@ def test_plugin_jit_spans_all_processes():
 
 
 @needs_mpi
-def test_diverging_plans_fail_on_every_rank_naming_the_rank():
-    proc, seconds = _launch("mpi_diverge.py", devices=2, timeout=90)
+@pytest.mark.parametrize("kind,what", [("shard", "plan of <lambda>"), ("pipeline", "pipeline plan of train_step")])
+def test_diverging_plans_fail_on_every_rank_naming_the_rank(kind, what):
+    proc, seconds = _launch("mpi_diverge.py", *(["pipeline"] if kind == "pipeline" else []), devices=2, timeout=90)
     assert proc.returncode != 0
     assert "RAN" not in proc.stdout
-    assert proc.stderr.count("PlanDivergedError: the plan of <lambda> differs across processes: "
+    assert proc.stderr.count(f"PlanDivergedError: the {what} differs across processes: "
                              "ranks [1] differ from rank 0") >= 1
     assert seconds < 60
 
