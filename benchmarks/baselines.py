@@ -9,7 +9,8 @@
   megatron  Megatron-LM tensor parallelism over the last mesh axis (column/row-parallel attention
             and MLP, vocabulary-parallel embedding; MoE experts split their FFN dim) x data
             parallelism over the other axes.
-  expert    expert parallelism (MoE): expert weights split on the expert dim over all devices, the
+  expert    expert parallelism (MoE): expert weights split on the expert dim over all devices (over
+            the leading mesh axes whose product divides the expert count, when it is smaller), the
             rest replicated, batch split over all devices.
 
 ZeRO shards a leaf on its first dim divisible by the device count (leaves with none stay
@@ -81,7 +82,7 @@ def make_baseline(method: str, state, batch, axis_names: tuple[str, ...], axis_s
         dp_size = math.prod(axis_sizes[:-1])
         specs = _tree_specs(state, lambda path, shape: _dim_spec(shape, dim_rule(path), tp_axis))
         return Baseline(method, specs, _batch_specs(batch, dp_axes, dp_size))
-    specs = _tree_specs(state, lambda path, shape: _dim_spec(shape, dim_rule(path), everything))
+    specs = _tree_specs(state, lambda path, shape: _fitting_dim_spec(shape, dim_rule(path), axis_names, axis_sizes))
     return Baseline(method, specs, _batch_specs(batch, everything, n))
 
 
@@ -152,6 +153,20 @@ def _dim_spec(shape: tuple[int, ...], dim: int | None, axes) -> P:
     if dim is None or dim >= len(shape):
         return P()
     return P(*([None] * dim), _entry(axes))
+
+
+def _fitting_dim_spec(shape: tuple[int, ...], dim: int | None, axis_names, axis_sizes) -> P:
+    """Split ``dim`` over the leading mesh axes whose sizes' product divides it (all of them when
+    the dim allows: 64 experts on 8x8; only "x" for 8 experts on 8x8, replicated over the rest)."""
+    if dim is None or dim >= len(shape):
+        return P()
+    axes, product = [], 1
+    for name, size in zip(axis_names, axis_sizes):
+        if shape[dim] % (product * size):
+            break
+        axes.append(name)
+        product *= size
+    return _dim_spec(shape, dim, tuple(axes)) if axes else P()
 
 
 def _entry(axes):

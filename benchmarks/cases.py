@@ -3,6 +3,7 @@ baseline; every figure the report needs, as a JSON-ready dict."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import jax
@@ -45,6 +46,7 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
               "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}", "ran": run,
               "jax": jax.__version__}
     step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
+    _progress(f"auto: plan + compile ({result['params'] / 1e6:.0f}M params, mesh {mesh.shape})")
     t = time.perf_counter()
     exe = step.get_executable(state, batch)
     auto = {"wall_s": time.perf_counter() - t, "objective": exe.plan.objective,
@@ -57,12 +59,17 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
         rule = getattr(mod, "megatron_dim" if name == "megatron" else "expert_dim", None)
         base = baselines.make_baseline(name, state, batch, mesh.axis_names, mesh.shape, rule)
         jitted = baselines.jit_baseline(baselines.make_train_step(loss_fn, optimizer, base, jmesh), base, jmesh)
+        _progress(f"{name}: compile")
         t = time.perf_counter()
         compiled = jitted.lower(state, batch).compile()
         result["methods"][name] = {"compile_s": time.perf_counter() - t, "baseline": base,
                                    "jitted": jitted, **measure.compiled_stats(compiled)}
+    _progress("cost model: baselines' layouts in the planner's ILP")
+    t = time.perf_counter()
     result["cost_model"] = evaluate_baselines(fn, (state, batch), mesh, option, result["methods"], unmerged)
+    result["cost_model"]["wall_s"] = time.perf_counter() - t
     if run:
+        _progress("run and time every method")
         result["reference_loss"] = float(jax.jit(fn)(measure.fresh_copy(state), batch)[1])
         for name, entry in result["methods"].items():
             runner = step if name == "auto" else entry["jitted"]
@@ -91,11 +98,18 @@ def evaluate_baselines(fn, args, mesh, option, methods: dict, unmerged_fallback:
                 free = unmerged.free()
                 out["unmerged_free"] = {"objective": free.objective, "status": free.status}
             ev, model = unmerged.pinned(specs), "unmerged"
-        out["baselines"][name] = {"objective": ev.objective, "predicted": ev.predicted, "model": model,
+        infeasible = ev.status == "Infeasible"
+        out["baselines"][name] = {"objective": None if infeasible else ev.objective, "predicted": ev.predicted,
+                                  "model": model,
                                   "status": ev.status, "unpinned": ev.unpinned,
-                                  "auto_not_worse": None if ev.status == "Infeasible" else
+                                  "auto_not_worse": None if infeasible else
                                   out["auto_objective"] <= ev.objective * (1 + 1e-4) + 1e-9}
     return out
+
+
+def _progress(what: str) -> None:
+    """One line on stderr per phase (``run_suite.py`` keeps the last ones of a case that times out)."""
+    print(f"alpa_pass bench: {what}", file=sys.stderr, flush=True)
 
 
 def _asdict(config) -> dict:

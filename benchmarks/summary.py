@@ -1,25 +1,35 @@
 """Readable verdicts of one case result (shared by run_suite's printout and the report)."""
 from __future__ import annotations
 
+import math
+
 MIB = 2**20
 
 
+def evaluated(baseline: dict) -> bool:
+    """The cost model gave this baseline's layout an objective (None or inf: infeasible there)."""
+    return baseline["objective"] is not None and math.isfinite(baseline["objective"])
+
+
 def rows(result: dict) -> list[dict]:
-    """One row per method: predicted objective, comm MiB (wire, per device), peak MiB, step time,
-    ratio of step time against auto, loss error."""
+    """One row per method: predicted objective, comm MiB (wire, per device), compiled and predicted
+    peak MiB per device, step time, ratio of step time against auto, loss error."""
     cm = result["cost_model"]
     auto_time = result["methods"]["auto"].get("timing", {}).get("median_s")
     out = []
     for name, entry in result["methods"].items():
         objective = cm["auto_objective"] if name == "auto" else cm["baselines"][name]["objective"]
         timing = entry.get("timing", {}).get("median_s")
+        predicted = entry.get("predicted", {}) if name == "auto" else cm["baselines"][name].get("predicted", {})
         out.append({
             "method": name,
             "objective": objective,
-            "model": "planner" if name == "auto" else cm["baselines"][name]["model"],
+            "model": "planner" if name == "auto" else cm["baselines"][name]["model"]
+            + ("" if evaluated(cm["baselines"][name]) else ": infeasible"),
             "comm_mib": sum(k["wire_bytes"] for k in entry["comm"].values()) / MIB,
             "collectives": {k: v["count"] for k, v in entry["comm"].items() if v["count"]},
             "peak_mib": entry["memory"]["peak"] / MIB,
+            "predicted_peak_mib": predicted["peak_bytes"] / MIB if predicted.get("peak_bytes") else None,
             "step_ms": timing * 1e3 if timing else None,
             "time_vs_auto": timing / auto_time if timing and auto_time else None,
             "loss_error": entry.get("loss_error"),
@@ -41,9 +51,30 @@ def disagreements(result: dict) -> list[str]:
     auto_time = result["methods"]["auto"].get("timing", {}).get("median_s")
     for name, b in cm["baselines"].items():
         t = result["methods"][name].get("timing", {}).get("median_s")
-        if auto_time and t and b["objective"] > cm["auto_objective"] and t < auto_time:
+        if auto_time and t and evaluated(b) and b["objective"] > cm["auto_objective"] and t < auto_time:
             out.append(f"{name}: predicted {b['objective'] / cm['auto_objective']:.2f}x auto's cost, "
                        f"measured {t / auto_time:.2f}x auto's step time")
+    return out
+
+
+def compiled_disagreements(result: dict, margin: float = 0.05) -> list[str]:
+    """Where the compiled HLO contradicts the cost model's ranking of auto against a baseline: a
+    baseline predicted at least as costly that sends fewer bytes per device, or whose predicted
+    peak memory is at least auto's but whose compiled peak (memory_analysis) is lower — by more
+    than ``margin`` (a fraction of auto's figure)."""
+    cm, methods, out = result["cost_model"], result["methods"], []
+    comm = {n: sum(k["wire_bytes"] for k in e["comm"].values()) for n, e in methods.items()}
+    auto_pred_peak = methods["auto"].get("predicted", {}).get("peak_bytes")
+    for name, b in cm["baselines"].items():
+        if not evaluated(b):
+            continue
+        if b["objective"] >= cm["auto_objective"] and comm[name] < (1 - margin) * comm["auto"]:
+            out.append(f"{name}: predicted {b['objective'] / cm['auto_objective']:.2f}x auto's cost, but its "
+                       f"compiled HLO sends {comm[name] / comm['auto']:.2f}x auto's bytes per device")
+        peak, pred = methods[name]["memory"]["peak"], b.get("predicted", {}).get("peak_bytes")
+        if auto_pred_peak and pred and pred >= auto_pred_peak and peak < (1 - margin) * methods["auto"]["memory"]["peak"]:
+            out.append(f"{name}: predicted peak memory {pred / auto_pred_peak:.2f}x auto's, compiled peak "
+                       f"{peak / methods['auto']['memory']['peak']:.2f}x auto's")
     return out
 
 
@@ -65,4 +96,41 @@ def text(result: dict) -> str:
         lines.append(f"FOLLOWER MERGING LOSES: {v}")
     for d in disagreements(result):
         lines.append(f"cost model disagrees with measurement: {d}")
+    for d in compiled_disagreements(result):
+        lines.append(f"cost model disagrees with the compiled HLO: {d}")
+    return "\n".join(lines)
+
+
+def headline(result: dict) -> dict:
+    """The case in one row: auto's predicted cost, comm and peak memory (and measured step time
+    when it ran) as ratios to the best baseline on each figure (< 1: auto is better), with that
+    baseline's name; None where no baseline has the figure."""
+    cm, methods = result["cost_model"], result["methods"]
+    figures = {
+        "objective": {n: cm["baselines"][n]["objective"] if n != "auto" else cm["auto_objective"] for n in methods},
+        "comm": {n: sum(k["wire_bytes"] for k in methods[n]["comm"].values()) for n in methods},
+        "peak": {n: methods[n]["memory"]["peak"] for n in methods},
+        "time": {n: methods[n].get("timing", {}).get("median_s") for n in methods},
+    }
+    row = {"planning_s": methods["auto"]["wall_s"]}
+    for key, values in figures.items():
+        known = [(v, n) for n, v in values.items() if n != "auto" and v is not None and math.isfinite(v)]
+        best_value, best_name = min(known) if known else (None, None)
+        ok = best_value and values["auto"] is not None
+        row[f"{key}_vs_best"] = values["auto"] / best_value if ok else None
+        row[f"{key}_best"] = best_name
+    return row
+
+
+def mpi_text(result: dict) -> str:
+    """A plain-text table of a multi-process case (``benchmarks/mpi_case.py``)."""
+    auto = result["methods"]["auto"]["timing"]["median_s"]
+    lines = [f"{result['suite']} {result['size']} on {result['processes']} processes x {result['local_devices']} "
+             f"devices (mesh {'x'.join(map(str, result['mesh']['shape']))}); "
+             f"plans agree across ranks: {len(set(result['digests'])) == 1}",
+             f"{'method':10} {'comm MiB':>9} {'peak MiB':>9} {'step ms':>8} {'vs auto':>8} {'loss err':>9}"]
+    for name, e in result["methods"].items():
+        t = e["timing"]["median_s"]
+        lines.append(f"{name:10} {sum(k['wire_bytes'] for k in e['comm'].values()) / MIB:9.2f} "
+                     f"{e['memory']['peak'] / MIB:9.2f} {t * 1e3:8.2f} {t / auto:8.2f} {e['loss_error']:9.1e}")
     return "\n".join(lines)

@@ -80,3 +80,118 @@ def test_zero3_gathers_sharded_parameters(setup):
     sharded = [s for s in baselines._leaves(base.state_specs[0]) if any(e is not None for e in s)]
     assert len(sharded) > 0
     assert helpers.count(hlo)["all-gather"] >= len(sharded)
+
+
+# --- model FLOPs, device peaks and the GPU figures (benchmarks/flops.py, benchmarks/gpu.py) ---
+
+def _xla_forward_flops(model, config, loss_fn) -> float:
+    """XLA's FLOP count of the unoptimised forward (abstract inputs: nothing is computed)."""
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), config))
+    batch = jax.eval_shape(lambda: model.make_batch(jax.random.key(1), config))
+    return jax.jit(loss_fn).lower(params, batch).cost_analysis()["flops"]
+
+
+def test_gpt_flops_match_megatron_formula_and_xla():
+    from benchmarks import flops
+
+    c = gpt.Config(vocab=256, seq=32, hidden=128, heads=4, layers=2, batch=4)
+    b, s, h, L, V = c.batch, c.seq, c.hidden, c.layers, c.vocab
+    megatron = 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))  # Narayanan et al. 2021, eq. 3
+    assert flops.step_flops("gpt", c) == pytest.approx(megatron, rel=1e-12)
+    assert flops.step_flops("gpt", c) == 3 * flops.gpt_forward_flops(c)
+    xla = _xla_forward_flops(gpt, c, gpt.make_loss_fn(c.heads))
+    assert xla == pytest.approx(flops.gpt_forward_flops(c), rel=0.05)  # XLA adds the elementwise work
+    alpa_13b = gpt_sizes.SIZES["1.3B"]
+    assert flops.step_flops("gpt", alpa_13b) / 1e12 == pytest.approx(555.8, rel=1e-3)
+
+
+def test_moe_flops_count_top2_experts_and_gate():
+    from benchmarks import flops
+    from benchmarks.models import moe_transformer as moe
+
+    c = moe.Config(vocab=256, seq=32, hidden=128, heads=4, layers=4, experts=8, group_size=32, batch=4)
+    dense = flops.gpt_forward_flops(c.gpt_config())
+    tokens, h = c.batch * c.seq, c.hidden
+    extra_per_moe_block = tokens * (16 * h * h + 2 * h * c.experts)  # a 2nd expert FFN + the gate
+    assert flops.moe_forward_flops(c) == pytest.approx(dense + c.layers * extra_per_moe_block, rel=1e-12)
+    every_other = moe.Config(**{**c.__dict__, "moe_every": 2})
+    assert flops.moe_forward_flops(every_other) == pytest.approx(dense + 2 * extra_per_moe_block, rel=1e-12)
+
+
+def test_wresnet_flops_match_xla_convolutions():
+    from benchmarks import flops
+    from benchmarks.models import wide_resnet as wr
+
+    c = wr.Config(image=32, layers=10, channels=16, width=2, classes=10, batch=2)
+    xla = _xla_forward_flops(wr, c, wr.make_loss_fn(c))
+    ours = flops.wresnet_forward_flops(c)
+    # ours counts every tap of a padded 3x3 window (the MFU convention); XLA skips the padding,
+    # which on these 2x2..16x16 feature maps is ~8% of the taps
+    assert 0.88 * ours < xla < ours
+    assert flops.step_flops("wresnet", c) == 3 * ours
+    with pytest.raises(ValueError, match="unknown suite 'bert'"):
+        flops.step_flops("bert", c)
+
+
+def test_peak_table_and_mfu():
+    from benchmarks import flops
+
+    assert flops.peak_tflops("NVIDIA A100-SXM4-80GB") == 156.0
+    assert flops.peak_tflops("NVIDIA A10") == 62.5  # not A100's
+    assert flops.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert flops.peak_tflops("cpu") is None
+    f = flops.throughput_figures(2e15, 0.5, 8, 500.0, samples=64, tokens=64 * 1024)
+    assert f == {"samples_per_s": 128.0, "tokens_per_s": 131072.0, "model_tflops_per_device": 500.0, "mfu": 1.0}
+    assert flops.throughput_figures(1e12, 1.0, 1, None, samples=1)["mfu"] is None
+    with pytest.raises(ValueError):
+        flops.throughput_figures(1e12, 0.0, 1, None, samples=1)
+
+
+def test_gpu_throughput_of_a_case():
+    from benchmarks import flops, gpu
+
+    c = gpt_sizes.SIZES["small"]
+    result = {"methods": {"auto": {"timing": {"median_s": 0.01}, "flops": 3e9},
+                          "dp": {"timing": {"median_s": 0.02}, "flops": None}, "zero3": {}}}
+    out = gpu.throughput(result, "gpt", c, "NVIDIA H200", 8)
+    per_step = flops.step_flops("gpt", c)
+    assert out["peak_tflops"] == 494.7 and out["model_flops_per_step"] == per_step
+    assert set(out["methods"]) == {"auto", "dp"}  # zero3 did not run
+    auto = out["methods"]["auto"]
+    assert auto["model_tflops_per_device"] == pytest.approx(per_step / 0.01 / 8 / 1e12)
+    assert auto["mfu"] == pytest.approx(auto["model_tflops_per_device"] / 494.7)
+    assert auto["tokens_per_s"] == pytest.approx(c.batch * c.seq / 0.01)
+    assert auto["xla_tflops_per_device"] == pytest.approx(0.3)
+    assert "xla_tflops_per_device" not in out["methods"]["dp"]
+
+
+def test_run_suite_gpu_skips_cleanly_without_gpu(capsys):
+    from benchmarks import run_suite
+
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("a GPU is present")
+    assert run_suite.main(["gpt", "--gpu"]) == 0
+    assert capsys.readouterr().out.strip() == "skipped: no GPU"
+
+
+def test_run_suite_sizes():
+    from benchmarks import run_suite
+
+    assert run_suite.expand_sizes(gpt_sizes.SIZES, "large") == ["350M", "760M", "1.3B", "2.6B", "6.7B", "15B", "39B"]
+    assert run_suite.expand_sizes(gpt_sizes.SIZES, "1.3B, 2.6B") == ["1.3B", "2.6B"]
+    with pytest.raises(ValueError, match="unknown size '3B'"):
+        run_suite.expand_sizes(gpt_sizes.SIZES, "3B")
+
+
+def test_expert_baseline_splits_experts_over_the_axes_that_divide_them():
+    from benchmarks.models import moe_transformer as moe
+
+    c = moe.Config(experts=8, batch=64)
+    state = jax.eval_shape(lambda: init_state(moe.init(jax.random.key(0), c), default_optimizer()))
+    batch = jax.eval_shape(lambda: moe.make_batch(jax.random.key(1), c))
+    w1 = lambda base: base.state_specs[0]["blocks"][0]["moe"]["w1"]  # noqa: E731
+    on_8 = baselines.make_baseline("expert", state, batch, AXES, MESH_SHAPE, moe.expert_dim)
+    assert w1(on_8) == jax.sharding.PartitionSpec(("x", "y"))  # 8 experts on 2x4: all devices
+    on_64 = baselines.make_baseline("expert", state, batch, AXES, (8, 8), moe.expert_dim)
+    assert w1(on_64) == jax.sharding.PartitionSpec("x")  # 8 experts on 8x8: "x" only
+    assert on_64.state_specs[0]["wte"] == jax.sharding.PartitionSpec()
