@@ -23,6 +23,7 @@ DimSharding = tuple  # mesh axis names of one tensor dim; () = replicated
 SKIP_GENERATOR = "generator"            # constants/iotas are never constrained
 SKIP_PARAM_OUTPUT = "parameter_or_output"  # entry arguments/results: use in/out shardings
 SKIP_CALL_PATHS = "call_path_conflict"  # a callee value whose call paths disagree
+CONSTRAINT_NAME_PREFIX = "alpa_pass"    # op_name metadata of inserted constraints (see below)
 
 
 @dataclasses.dataclass
@@ -56,6 +57,40 @@ def sharding_text(dims, mesh_name: str) -> str:
     """``#sdy.sharding<@mesh, [{"x"}, {}]>`` for a per-dim tuple of axis names."""
     body = ", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}" for d in dims)
     return f"#sdy.sharding<@{mesh_name}, [{body}]>"
+
+
+def constraint_location(node: int, operand: int | None = None) -> ir.Location:
+    """The location of an inserted constraint: a name XLA keeps as the HLO ``op_name`` metadata
+    of the constraint and of the collectives it causes (``plan.fidelity`` parses it back).
+
+    ``alpa_pass/value/%<node>`` for a value constraint, ``alpa_pass/use/%<node>/<operand>`` for a
+    use-site constraint on operand ``operand`` of ``node``. Needs an active MLIR context.
+    """
+    if operand is None:
+        return ir.Location.name(f"{CONSTRAINT_NAME_PREFIX}/value/%{node}")
+    return ir.Location.name(f"{CONSTRAINT_NAME_PREFIX}/use/%{node}/{operand}")
+
+
+def slice_first(src, dst, shape, mesh_shape) -> list | None:
+    """The core spec between ``src`` and ``dst`` (tensor dim per mesh axis, -1 = none) that does
+    ``dst``'s local slices first (axes replicated in ``src``), or None where that is no separate
+    step (no slice, nothing after it, or it would not divide ``shape``).
+
+    XLA 0.10's partitioner reshards one step at a time: from ``[R, S(y)]`` to ``[S(x), R]`` it
+    finds no direct way and replicates the whole tensor before slicing ("Involuntary full
+    rematerialization", twice the bytes the plan's all-gather moves). Constraining the value to
+    ``[S(x), S(y)]`` first makes it a free slice followed by the planned all-gather.
+    """
+    mid = [d if s == -1 else s for s, d in zip(src, dst)]
+    if list(mid) in (list(src), list(dst)):
+        return None
+    for dim, size in enumerate(shape):
+        n = 1
+        for axis, d in enumerate(mid):
+            n *= mesh_shape[axis] if d == dim else 1
+        if size % n:
+            return None
+    return mid
 
 
 def _check_spec(graph: OpGraph, v: int, dims: tuple, axes: dict) -> None:
@@ -99,6 +134,46 @@ def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
     return out
 
 
+def _axis_priority(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> dict:
+    """Axis name -> rank (0 = most major) for dims split over several mesh axes.
+
+    The plan says which axes split a dim, not in which order; XLA's tiles are major-to-minor.
+    Adding or dropping an axis of a split dim is one all-to-all / all-gather (what the cost model
+    charges) only if the axes the two layouts share are the major ones; otherwise XLA also
+    permutes the whole tensor (a collective-permute). So an axis kept across more resharding edges
+    of the plan (value -> same-shaped consumer value, value -> use-site layout) ranks more major;
+    ties keep mesh order. One global order keeps every pair of layouts consistent.
+    """
+    kept = dict.fromkeys(axis_names, 0)
+
+    def count(src, dst):
+        for s, d in zip(src, dst):
+            if s != d and s and d:
+                for a in set(s) & set(d):
+                    kept[a] += 1
+
+    for v, dims in specs.items():
+        for u in set(graph.operands(v)):
+            if u in specs and graph.shape(u) == graph.shape(v):
+                count(specs[u], dims)
+    for (v, t), dims in uses.items():
+        u = graph.operands(v)[t]
+        if u in specs:
+            count(specs[u], dims)
+    ranked = sorted(axis_names, key=lambda a: (-kept[a], axis_names.index(a)))
+    return {a: i for i, a in enumerate(ranked)}
+
+
+def order_shared_dims(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> tuple:
+    """``specs`` and ``uses`` with the axes of each multi-axis dim in ``_axis_priority`` order."""
+    rank = _axis_priority(graph, specs, uses, axis_names)
+
+    def order(dims):
+        return tuple(tuple(sorted(d, key=rank.__getitem__)) for d in dims)
+
+    return ({v: order(d) for v, d in specs.items()}, {k: order(d) for k, d in uses.items()})
+
+
 def _changed(what: str) -> EmitError:
     return EmitError(f"{what}: the module changed between extraction and emission; extract the "
                      f"graph from a lowering of the same function and arguments")
@@ -140,26 +215,29 @@ def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
         if shape != graph.shape(v):
             raise _changed(f"node %{v} ({graph.labels[v]}) has shape {graph.shape(v)} but "
                            f"@{fname} op {index} result {k} has shape {shape}")
-        targets.append((op, k, blocks[fname][index + 1], dims))
+        targets.append((op, k, blocks[fname][index + 1], dims, v))
     return targets
 
 
 def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) -> list:
     """[(consumer op, operand index, dims)] for use-site requests, one per MLIR use."""
     wanted = collections.defaultdict(set)
+    node_of = {}
     for (v, t), dims in uses.items():
         loc = graph.locators[v]
         if loc.op_index < 0:
             report.skip(SKIP_PARAM_OUTPUT)
             continue
         wanted[(loc.func, loc.op_index, t)].add(dims)
+        node_of[(loc.func, loc.op_index, t)] = min(v, node_of.get((loc.func, loc.op_index, t), v))
     out = []
     for (fname, index, t), all_dims in sorted(wanted.items()):
+        v = node_of[(fname, index, t)]
         op = blocks[fname][index]
         if len(all_dims) != 1 or t >= len(op.operands):
             report.skip(SKIP_CALL_PATHS)
             continue
-        out.append((op, t, next(iter(all_dims))))
+        out.append((op, t, next(iter(all_dims)), v))
     return out
 
 
@@ -191,6 +269,7 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             for (v, t), dims in (operand_dim_shardings or {}).items()}
     for (v, t), dims in uses.items():
         _check_spec(graph, graph.operands(v)[t], dims, axes)
+    specs, uses = order_shared_dims(graph, specs, uses, list(axes))
     report = EmitReport()
     targets = _resolve(module, graph, _value_groups(graph, specs, report))
     use_targets = _resolve_uses(_matched_ops(module, graph), graph, uses, report)
@@ -201,14 +280,16 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             attrs[dims] = ir.Attribute.parse(sharding_text(dims, mesh_name))
         return attrs[dims]
 
-    with module.context, ir.Location.unknown():
-        for op, k, next_op, dims in targets:
+    with module.context:
+        for op, k, next_op, dims, v in targets:
             value = op.results[k]
-            c = sdy.ShardingConstraintOp(value, attr(dims), ip=ir.InsertionPoint(next_op))
+            with constraint_location(v):
+                c = sdy.ShardingConstraintOp(value, attr(dims), ip=ir.InsertionPoint(next_op))
             value.replace_all_uses_except(c.result, c.operation)
             report.inserted += 1
-        for op, t, dims in use_targets:  # after value constraints: wrap what the op now reads
-            c = sdy.ShardingConstraintOp(op.operands[t], attr(dims), ip=ir.InsertionPoint(op))
+        for op, t, dims, v in use_targets:  # after value constraints: wrap what the op now reads
+            with constraint_location(v, t):
+                c = sdy.ShardingConstraintOp(op.operands[t], attr(dims), ip=ir.InsertionPoint(op))
             op.operands[t] = c.result
             report.inserted += 1
     try:

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from alpa_pass import _compat
-from alpa_pass.emit.constraints import insert_constraints
+from alpa_pass.emit.constraints import insert_constraints, slice_first
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
 from alpa_pass.errors import CompileError, ExtractError, InfeasibleError, ShardingError
 from alpa_pass.extract.graph import OpGraph, OpKind
@@ -187,15 +187,30 @@ def operand_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> dict:
     """(node, operand index) -> dims, where an anchor op (dot, convolution, gather, scatter) reads
     an operand in another layout than its producer's: pin the layout the plan reshards it to, so
     XLA does exactly the planned resharding (and never partitions, e.g., a gather whose indices and
-    operand disagree on batching dims — XLA 0.10 computes that wrongly on CPU)."""
+    operand disagree on batching dims — XLA 0.10 computes that wrongly on CPU). Other nodes get
+    one only where their operand's resharding slices and gathers (``_slice_first_targets``)."""
     out = {}
     for v in range(graph.num_nodes):
         if OpKind(int(graph.kind[v])) not in _USE_SITE_KINDS:
+            out.update(_slice_first_targets(graph, plan, mesh, v))
             continue
         for t, u in enumerate(graph.operands(v)):
             want = plan.operand_specs[v][t]
             if want != plan.node_specs[u] and OpKind(int(graph.kind[u])) != OpKind.GENERATOR:
                 out[(v, t)] = mesh.dim_axes(want, len(graph.shape(u)))
+    return out
+
+
+def _slice_first_targets(graph: OpGraph, plan: Plan, mesh: LogicalMesh, v: int) -> dict:
+    """Use-site layouts for the operands of a non-anchor node ``v`` whose planned resharding both
+    slices and gathers: the slice-first intermediate (``emit.constraints.slice_first``)."""
+    out = {}
+    for t, u in enumerate(graph.operands(v)):
+        if OpKind(int(graph.kind[u])) in (OpKind.GENERATOR, OpKind.PARAMETER):
+            continue
+        mid = slice_first(plan.node_specs[u], plan.operand_specs[v][t], graph.shape(u), mesh.shape)
+        if mid is not None:
+            out[(v, t)] = mesh.dim_axes(mid, len(graph.shape(u)))
     return out
 
 

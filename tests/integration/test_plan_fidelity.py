@@ -1,0 +1,74 @@
+"""The compiled HLO does what the plan says: no full rematerialisation, no collective-permutes
+(the cost model has none: they came from multi-axis dims emitted in an order XLA cannot reshard
+directly), collective counts pinned at what the fixed emission gives, and collectives caused by
+inserted constraints traceable to their graph node."""
+from __future__ import annotations
+
+import jax
+import pytest
+
+import alpa_pass as ap
+from alpa_pass.emit.constraints import slice_first
+from alpa_pass.plan.fidelity import capture_stderr, list_collectives, remat_warnings, summarize
+from alpa_pass.plan.planner import plan_and_compile
+from tests.models import default_optimizer, gpt, init_state, train_step_for
+
+BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch=16)
+
+# Measured after the fix (before: test GPT 2x4 had 1 rematerialisation warning; the benchmark
+# GPT small on 2x4 had 1 warning and 10 collective-permutes, 4.16 MiB/device on the wire, now 3.44).
+CASES = [
+    pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce": 12, "all-gather": 5, "all-to-all": 2},
+                 id="gpt-2x4"),
+    pytest.param(gpt.Config(layers=2), (1, 8), {"all-reduce": 1, "all-gather": 3, "all-to-all": 1},
+                 id="gpt-1x8"),
+    pytest.param(BENCH_SMALL, (2, 4), {"all-reduce": 10, "all-gather": 17, "all-to-all": 8},
+                 id="bench-small-2x4"),
+]
+
+
+def _compile(config, shape):
+    optimizer = default_optimizer()
+    step_fn = train_step_for(gpt.make_loss_fn(config.heads), optimizer)
+    state = jax.eval_shape(lambda: init_state(gpt.init(jax.random.key(0), config), optimizer))
+    batch = jax.eval_shape(lambda: gpt.make_batch(jax.random.key(1), config))
+    with capture_stderr() as log:
+        plan, compiled = plan_and_compile(step_fn, (state, batch), ap.LogicalMesh(shape=shape),
+                                          ap.AutoShardingOption())
+    return plan, compiled.as_text(), log[0]
+
+
+@pytest.mark.parametrize("config,shape,at_most", CASES)
+def test_compiled_collectives_match_plan(config, shape, at_most):
+    plan, hlo, log = _compile(config, shape)
+    assert remat_warnings(log) == []
+    found = list_collectives(hlo)
+    counts = {k: v["count"] for k, v in summarize(found).items()}
+    assert counts["collective-permute"] == 0 and counts["reduce-scatter"] == 0
+    for kind, n in at_most.items():
+        assert counts[kind] <= n, (kind, counts)
+    assert plan.emit_report.inserted > 0
+    for c in found:  # attributed collectives name real nodes and operands
+        if c.from_constraint:
+            assert 0 <= c.node < len(plan.node_specs)
+            assert c.operand is None or c.operand < len(plan.operand_specs[c.node])
+    assert any(c.from_constraint for c in found)
+
+
+def test_slice_first_stages_slice_before_gather():
+    # [R, S(axis1)] -> [S(axis0), R] on 2x4: slice dim 0 over axis 0 first, then gather axis 1.
+    assert slice_first([-1, 1], [0, -1], (64, 32), (2, 4)) == [0, 1]
+    assert slice_first([-1, 1], [0, 1], (64, 32), (2, 4)) is None   # a slice only
+    assert slice_first([0, 1], [0, -1], (64, 32), (2, 4)) is None   # a gather only
+    assert slice_first([-1, 1], [0, -1], (3, 32), (2, 4)) is None   # 3 rows do not split over 2
+
+
+def test_list_collectives_parses_attribution():
+    text = ('  %all-gather.1 = f32[64,32]{1,0} all-gather(%p), channel_id=2, dimensions={0}, '
+            'metadata={op_name="alpa_pass/use/%101/0"}\n'
+            '  %ar = (f32[4]{0}, bf16[2,2]{1,0}) all-reduce-start(%a, %b), '
+            'metadata={op_name="jit(f)/add"}\n  %d = f32[4]{0} all-reduce-done(%ar)\n')
+    found = list_collectives(text)
+    assert [(c.kind, c.node, c.operand, c.bytes) for c in found] == [
+        ("all-gather", 101, 0, 64 * 32 * 4), ("all-reduce", None, None, 16 + 8)]
+    assert summarize(found)["all-reduce"] == {"count": 1, "bytes": 24}
