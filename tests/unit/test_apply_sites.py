@@ -65,3 +65,35 @@ def test_chain_of_partial_sums_stays_in_the_cross_region():
     adds = [s for e, s in zip(jaxpr.eqns, sites.eqn_site) if e.primitive.name == "add"]
     assert adds == [CROSS, CROSS, CROSS]
     assert [sites.site(v) for v in jaxpr.outvars] == [0, 1]
+
+
+def test_jitted_helpers_are_inlined_so_each_stage_keeps_its_own_update():
+    """A jitted optimizer helper over several stages' leaves (optax's tree_bias_correction is a
+    ``jit`` equation on jax >= 0.11) is inlined: its per-leaf equations land on their own stages."""
+    import numpy as np
+    from jax.extend.core import jaxpr_as_fun
+
+    from alpa_pass.pipeline.trace import inline_calls
+
+    correct = jax.jit(lambda mus, count: [m / (1.0 - 0.9 ** count) for m in mus])
+
+    def step(p0, p1, g0, g1, mu0, mu1, count):
+        m0, m1 = correct([0.9 * mu0 + g0, 0.9 * mu1 + g1], count)
+        return p0 - jax.jit(lambda m: 0.1 * m)(m0), p1 - 0.1 * m1
+
+    args = [jnp.arange(3.0), jnp.arange(4.0), jnp.ones(3), jnp.ones(4), jnp.ones(3), 2 * jnp.ones(4),
+            jnp.float32(2)]
+    closed = jax.make_jaxpr(step)(*args)
+    assert any(e.primitive.name in ("pjit", "jit") for e in closed.jaxpr.eqns)
+    flat = inline_calls(closed)
+    assert not any(e.primitive.name in ("pjit", "jit") for e in flat.jaxpr.eqns)
+    for want, got in zip(jaxpr_as_fun(closed)(*args), jaxpr_as_fun(flat)(*args)):
+        np.testing.assert_array_equal(got, want)
+    def sites_of(jaxpr):
+        stage_of = dict(zip(jaxpr.invars, [0, 1, 0, 1, None, None, None]))
+        return assign_sites(jaxpr.eqns, {v: s for v, s in stage_of.items() if s is not None})
+
+    assert CROSS in sites_of(closed.jaxpr).eqn_site  # the helper mixes both stages' values
+    sites = sites_of(flat.jaxpr)
+    assert CROSS not in sites.eqn_site and {0, 1} <= set(sites.eqn_site)
+    assert [sites.var_site[v] for v in flat.jaxpr.outvars] == [0, 1]
