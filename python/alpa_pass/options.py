@@ -48,6 +48,12 @@ class AutoShardingOption:
         embedding scatter-adds, also in mixed data x model plans), emit an explicit reduce-scatter
         over the summed mesh axes (``emit/reduce_scatter.py``, ``emit/partial_sums.py``) instead
         of XLA's all-reduce. Activation partial sums stay all-reduces (their users need them whole).
+      refine_unmerged: after the merged solve (``merge_followers``), solve the unmerged ILP
+        warm-started from the merged plan and keep it when cheaper (``plan/refine.py``; never worse,
+        ``plan.refinement`` records both objectives). True: always (the best incumbent within
+        ``solver_time_limit_s``); False: never; "auto": when the unmerged ILP has at most
+        ``plan.refine.REFINE_MAX_COLUMNS`` columns, keeping the result only when HiGHS proves it
+        optimal within ``plan.refine.REFINE_TIME_LIMIT_S`` (so the plan never depends on timing).
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -67,8 +73,12 @@ class AutoShardingOption:
     show_progress: bool | None = None
     tie_repeated_layers: bool = True
     prefer_reduce_scatter: bool = False
+    refine_unmerged: bool | str = "auto"
 
     def __post_init__(self):
+        if not (isinstance(self.refine_unmerged, bool) or self.refine_unmerged == "auto"):
+            raise ValueError(f"AutoShardingOption.refine_unmerged must be True, False or 'auto', "
+                             f"got {self.refine_unmerged!r}")
         if self.emit not in ("all", "anchors"):
             raise ValueError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
         if self.solver_time_limit_s <= 0:

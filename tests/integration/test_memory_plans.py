@@ -30,7 +30,8 @@ def _step_and_args(model, config):
 
 
 def _parallel(step, shape, budget=None, donate=True):
-    option = ap.AutoShardingOption(memory_budget_per_device=budget)
+    # merged-ILP plans: the unmerged refinement's free optimum already splits a few small parameters
+    option = ap.AutoShardingOption(memory_budget_per_device=budget, refine_unmerged=False)
     return ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape), option=option),
                           donate_argnums=(0,) if donate else ())
 

@@ -52,6 +52,8 @@ class Plan:
       origin: "solver" (solved now), "cache" (read from ``plan_cache_dir``) or "saved"
         (``ShardParallel(plan=...)``).
       mesh_search: with ``mesh="auto"``, one {"shape", "objective", "solve_s", ...} per shape tried.
+      refinement: which solve produced the plan and both objectives (``plan.refine.refine_unmerged``:
+        {"solve": "merged" | "unmerged", "merged_objective", "unmerged_objective", "skipped", ...}).
     """
 
     mesh: LogicalMesh
@@ -73,6 +75,7 @@ class Plan:
     made_with: dict = dataclasses.field(default_factory=dict)
     origin: str = "solver"
     mesh_search: list = dataclasses.field(default_factory=list)
+    refinement: dict = dataclasses.field(default_factory=dict)
 
     def summary(self, max_rows: int = 20) -> str:
         """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""
@@ -94,6 +97,8 @@ class Plan:
                 if size.get("groups_untied", size["groups"]) != size["groups"] else "")
         console.print(f"ILP: {size['nodes']} ops -> {size['groups']} groups{tied}, {size['columns']} columns "
                       f"({size['edge_columns']} edge), {size['rows']} rows, {size['nonzeros']} nonzeros")
+        if self.refinement:
+            console.print(self._refinement_line())
         console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()) +
                       ("" if self.origin == "solver" else f"   (plan from {self.origin}, not solved)"))
         if self.mesh_search:
@@ -111,6 +116,15 @@ class Plan:
                           str(c.spec), c.strategy, f"{c.cost:.4g}")
         console.print(table)
         return console.export_text()
+
+    def _refinement_line(self) -> str:
+        r = self.refinement
+        merged = f"merged ILP objective {r['merged_objective']:.6g}"
+        if "unmerged_objective" not in r:
+            return f"solve: {merged}; unmerged refinement skipped ({r.get('skipped', 'not run')})"
+        change = r["unmerged_objective"] / r["merged_objective"] - 1 if r["merged_objective"] else 0.0
+        return (f"solve: {r['solve']} ILP kept; {merged}, unmerged ILP ({r['unmerged_columns']} columns{', untied' if r.get('untied') else ''}) "
+                f"{r['unmerged_objective']:.6g} ({change:+.1%}) [{r['unmerged_status']}, {r['time_s']:.2f}s]")
 
     @property
     def predicted_peak_bytes(self) -> float:
@@ -183,7 +197,7 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     ilp_size = {"nodes": graph.num_nodes, "groups": int(ilp.num_groups), "columns": int(ilp.num_cols),
                 "edge_columns": int(ilp.num_edge_vars), "rows": int(ilp.num_rows),
                 "nonzeros": int(len(ilp.a_value)), "memory_rows": int(problem.num_memory_rows),
-                "groups_untied": int(problem.repeat_stats["groups_before"])}
+                "groups_untied": int(problem.repeat_stats["groups_before"]) or int(ilp.num_groups)}
     return Plan(mesh=mesh, objective=float(solution.objective), predicted=predicted,
                 input_specs=[choices[v].spec for v in graph.param_nodes()],
                 output_specs=[choices[v].spec for v in graph.output_nodes()],

@@ -22,6 +22,7 @@ from alpa_pass.plan.memory import donated_leaves, solve_within_budget
 from alpa_pass.plan.obtain import obtain_plan
 from alpa_pass.plan.plan import Plan, build_plan
 from alpa_pass.plan.progress import planning_progress
+from alpa_pass.plan.refine import refine_unmerged
 from alpa_pass.plan.serialize import fingerprint, made_with
 from alpa_pass.runtime.multiprocess import check_same_plan
 from alpa_pass.solve.highs import SolveOptions
@@ -99,8 +100,10 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     if progress is not None:
         progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
     t = time.perf_counter()
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties),
-                                           list(graph.donated_args), [(int(v), list(s)) for v, s in pinned])
+    def build(opt):
+        return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
+                                            list(graph.donated_args), [(int(v), list(s)) for v, s in pinned])
+    problem = build(option)
     timings["build"] = time.perf_counter() - t
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
@@ -117,7 +120,11 @@ def plan_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         return plan_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
                           timings, progress, pinned)
     timings["solve"] = solution.solve_time_s
+    problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
+    if "time_s" in refinement:
+        timings["refine"] = refinement["time_s"]
     plan = build_plan(graph, problem, solution, mesh, timings)
+    plan.refinement = refinement
     plan.made_with = made_with(option)
     check_divisible(graph, plan, mesh)
     return plan

@@ -39,8 +39,12 @@ class Solution:
     log: str = ""
 
 
-def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
+def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> Solution:
     """Solve ``problem`` (an ``alpa_pass._core.IlpProblem``).
+
+    ``start``: optional strategy index per ILP group, a feasible assignment handed to HiGHS as its
+    first incumbent (every group column given; HiGHS completes the edge columns), so the result is
+    never worse than ``start`` (ValueError if it has the wrong length or an index out of range).
 
     Raises:
       InfeasibleError: HiGHS proved the problem infeasible.
@@ -66,13 +70,15 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions()) -> Solution:
     if options.objective_bound is not None:
         h.setOptionValue("objective_bound", float(options.objective_bound))
     _pass_model(h, problem, highspy)
-    start = time.perf_counter()
+    if start is not None:
+        _set_start(h, problem, start, highspy)
+    t0 = time.perf_counter()
     if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
         # HiGHS's thread pool is global: another Highs in this process started it with a different
         # thread count, so the "threads" option is refused. Restart the pool and solve again.
         h.resetGlobalScheduler(True)
         h.run()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - t0
     status = h.getModelStatus()
     status_text = h.modelStatusToString(status)
     log = _read_and_remove(log_path)
@@ -110,6 +116,22 @@ def _pass_model(h, problem, highspy) -> None:
     if status == highspy.HighsStatus.kError:
         raise SolverError("HiGHS rejected the sharding ILP arrays (passModel returned an error); "
                           "this is a bug in alpa_pass's ILP builder, please report it")
+
+
+def _set_start(h, problem, start, highspy) -> None:
+    """Give HiGHS the one-hot group columns of ``start`` (strategy index per group)."""
+    group_start = np.asarray(problem.group_var_start, dtype=np.int64)
+    start = np.asarray(start, dtype=np.int64)
+    sizes = np.diff(group_start)
+    if start.shape != sizes.shape or (start < 0).any() or (start >= sizes).any():
+        raise ValueError(f"start assignment needs one strategy index per group ({sizes.size} groups, "
+                         f"each below its strategy count), got shape {start.shape}")
+    index = np.arange(group_start[0], group_start[-1], dtype=np.int32)
+    value = np.zeros(index.size, dtype=np.float64)
+    value[group_start[:-1] + start - group_start[0]] = 1.0
+    if h.setSolution(int(index.size), index, value) == highspy.HighsStatus.kError:
+        raise SolverError("HiGHS rejected the start assignment (setSolution returned an error); "
+                          "this is a bug in alpa_pass's refinement, please report it")
 
 
 def _read_and_remove(path):

@@ -1,0 +1,161 @@
+"""Unmerged refinement: re-solve a merged-follower plan in the unmerged ILP, warm-started.
+
+Merging followers (``AutoShardingOption.merge_followers``) makes an elementwise, transpose, reduce
+or reshape op take its leader's strategy: a much smaller ILP, but some plans are out of reach
+(e.g. a ZeRO-3 layout whose parameter-update ops are sharded unlike the dots they follow). Every
+merged plan is a plan of the unmerged ILP with the same objective: each node's chosen strategy
+(output spec and operand specs) exists among the node's unmerged strategies with the same cost.
+So the merged optimum, expanded to the unmerged variables, is a feasible start for the unmerged
+ILP, and its solve (under a time limit) can only improve on it.
+
+With ``tie_repeated_layers`` the unmerged problem ties its repeated layers too; the expanded start
+respects those ties when every copy of a tied unmerged group got the same strategy. When it does
+not (the merged ties cover other copies than the unmerged ones), refinement solves the unmerged
+problem untied instead (``Plan.refinement["untied"]``), where every expansion is feasible. Refinement needs ``merge_followers=True``
+(otherwise the first solve already was unmerged).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from alpa_pass.errors import InfeasibleError, SolverError
+from alpa_pass.solve.highs import SolveOptions, solve_ilp
+
+log = logging.getLogger("alpa_pass")
+
+# "auto" refines when the unmerged ILP has at most this many columns. Measured on the 2-core CI
+# machine (docs in the refine test / report): the unmerged MoE test model (78k columns) solves
+# exactly in ~1.6 s, the 2-layer test GPT (257k columns) in ~12 s; Alpa-size GPTs with tied layers
+# also give ~257k unmerged columns, so they stay merged-only.
+REFINE_MAX_COLUMNS = 200_000
+# Time limit of an "auto" refinement solve (``refine_unmerged=True`` uses ``solver_time_limit_s``
+# and keeps the best incumbent when stopped by it). "auto" keeps only a proven optimum, so that the
+# plan never depends on timing (every process of a multi-process job must plan the same).
+REFINE_TIME_LIMIT_S = 20.0
+_REL_TOL = 1e-6
+
+
+def refine_unmerged(build, problem, solution, option, num_nodes: int):
+    """Re-solve ``solution`` (of the merged ``problem``) in the unmerged ILP when ``option`` asks.
+
+    Args:
+      build: ``build(option) -> _core.ShardingProblem``, the same graph, mesh, ties, donations and
+        pins as ``problem`` (called with ``merge_followers=False``).
+      problem, solution: the merged ShardingProblem and its ``solve.highs.Solution``.
+      option: the AutoShardingOption (``refine_unmerged``: True, False or "auto").
+      num_nodes: graph nodes (both problems index the same nodes).
+    Returns (problem, solution, record): the unmerged problem and solution when they are strictly
+    cheaper, else the inputs; ``record`` is ``Plan.refinement`` ({"solve": "merged"|"unmerged",
+    "merged_objective"; "unmerged_columns" and "time_s" (build + solve) once the unmerged ILP was
+    built; "unmerged_objective" and "unmerged_status" when it was solved; "skipped": why it was not}).
+    Raises SolverError if the expanded start's objective differs from the merged objective (a bug
+    in the core's merged or unmerged strategies).
+    """
+    record = {"solve": "merged", "merged_objective": float(solution.objective)}
+    skip = _skip_reason(option, problem)
+    if skip is not None:
+        return problem, solution, {**record, "skipped": skip}
+    t = time.perf_counter()
+    unmerged, start, skip = _unmerged_start(build, problem, solution, option, num_nodes, record)
+    if skip is not None:
+        return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": skip}
+    check_same_objective(unmerged, start, solution.objective)
+    try:
+        refined = solve_ilp(unmerged.ilp, _refine_solve_options(option), start=start)
+    except (InfeasibleError, SolverError) as e:  # cannot happen with a feasible start; keep merged
+        log.warning("alpa_pass: unmerged refinement failed (%s); keeping the merged plan", e)
+        return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": f"solve failed: {e}"}
+    record.update(unmerged_objective=float(refined.objective), unmerged_status=refined.status,
+                  time_s=time.perf_counter() - t)
+    if option.refine_unmerged == "auto" and refined.status != "Optimal":
+        # an incumbent cut by the time limit depends on machine speed and load: processes of one
+        # job (which plan independently) could keep different plans. "auto" keeps only proven optima.
+        return problem, solution, {**record, "skipped": "not proven optimal within the auto time limit"}
+    if refined.objective < solution.objective * (1 - _REL_TOL) - 1e-12:
+        record["solve"] = "unmerged"
+        return unmerged, refined, record
+    return problem, solution, record
+
+
+def _unmerged_start(build, problem, solution, option, num_nodes: int, record: dict):
+    """(unmerged problem, expanded start, None), or (None, None, why not). Tied repeated layers of
+    the unmerged problem that the merged plan breaks (copies that differ only in followers) make it
+    retry untied (``record["untied"] = True``). Sets ``record["unmerged_columns"]``."""
+    tie = option.tie_repeated_layers
+    for untie in ((False, True) if tie else (False,)):
+        unmerged = build(dataclasses.replace(option, merge_followers=False, tie_repeated_layers=tie and not untie))
+        cols = record["unmerged_columns"] = int(unmerged.ilp.num_cols)
+        if untie:
+            record["untied"] = True
+        if option.refine_unmerged == "auto" and cols > REFINE_MAX_COLUMNS:
+            return None, None, f"unmerged ILP{' (untied)' if untie else ''} has {cols} columns > {REFINE_MAX_COLUMNS}"
+        start, conflict = expand_assignment(problem, solution.assignment, unmerged, num_nodes)
+        if conflict is None:
+            return unmerged, start, None
+    return None, None, conflict
+
+
+def _skip_reason(option, problem) -> str | None:
+    mode = option.refine_unmerged
+    if mode is False:
+        return "refine_unmerged=False"
+    if not option.merge_followers:
+        return "merge_followers=False: the ILP solved was already unmerged"
+    if mode == "auto" and problem.ilp.num_cols > REFINE_MAX_COLUMNS:
+        return f"merged ILP already has {int(problem.ilp.num_cols)} columns > {REFINE_MAX_COLUMNS}"
+    return None
+
+
+def _refine_solve_options(option) -> SolveOptions:
+    """``solver_time_limit_s`` when refinement is forced (True), at most REFINE_TIME_LIMIT_S on "auto"."""
+    limit = option.solver_time_limit_s
+    return SolveOptions(time_limit_s=limit if option.refine_unmerged is True else min(limit, REFINE_TIME_LIMIT_S),
+                        rel_gap=option.solver_rel_gap, threads=option.solver_threads,
+                        log_to_console=option.solver_log)
+
+
+def expand_assignment(merged, assignment, unmerged, num_nodes: int):
+    """The merged ``assignment`` (strategy per merged group) as a strategy per unmerged group.
+
+    Each node keeps its chosen (output spec, operand specs); a follower thus takes its leader's
+    choice. Returns (assignment, None), or (None, reason) when a node's strategy has no unmerged
+    counterpart or two nodes of one tied unmerged group want different strategies.
+    """
+    m_off, u_off = np.asarray(merged.strategy_offsets), np.asarray(unmerged.strategy_offsets)
+    m_rows = m_off[:-1] + np.asarray(assignment)[np.asarray(merged.node_group)]
+    m_out, u_out = np.asarray(merged.out_specs), np.asarray(unmerged.out_specs)
+    m_ins_off, m_ins = np.asarray(merged.in_spec_offsets), np.asarray(merged.in_specs)
+    u_ins_off, u_ins = np.asarray(unmerged.in_spec_offsets), np.asarray(unmerged.in_specs)
+    u_group = np.asarray(unmerged.node_group)
+    out = np.full(int(unmerged.ilp.num_groups), -1, dtype=np.int64)
+    for v in range(num_nodes):
+        r = m_rows[v]
+        want_ins = m_ins[m_ins_off[r]:m_ins_off[r + 1]]
+        cands = np.flatnonzero((u_out[u_off[v]:u_off[v + 1]] == m_out[r]).all(axis=1))
+        k = next((int(c) for c in cands
+                  if np.array_equal(u_ins[u_ins_off[u_off[v] + c]:u_ins_off[u_off[v] + c + 1]], want_ins)),
+                 None)
+        if k is None:
+            return None, f"node {v}: merged strategy has no unmerged counterpart"
+        g = u_group[v]
+        if out[g] not in (-1, k):
+            return None, f"node {v}: tied unmerged group {g} gets two strategies (tie_repeated_layers)"
+        out[g] = k
+    return out, None
+
+
+def check_same_objective(unmerged, start, merged_objective: float) -> None:
+    """Raise SolverError unless ``start`` is feasible in ``unmerged`` with the merged objective
+    (within 1e-6 relative)."""
+    from alpa_pass import _core
+
+    result = _core.evaluate(unmerged.ilp, np.asarray(start, dtype=np.int64))
+    if result.violations or abs(result.objective - merged_objective) > _REL_TOL * max(1.0, abs(merged_objective)):
+        raise SolverError(f"the merged plan expanded to the unmerged ILP has objective {result.objective:.9g} "
+                          f"({len(result.violations)} violations, e.g. {result.violations[:1]}) but "
+                          f"{merged_objective:.9g} merged; this is a bug in alpa_pass's strategies, please "
+                          f"report it (AutoShardingOption(refine_unmerged=False) avoids it)")

@@ -1,0 +1,123 @@
+"""Unmerged refinement (``AutoShardingOption.refine_unmerged``, ``plan/refine.py``).
+
+The merged-follower plan, re-solved in the unmerged ILP from a warm start, is never worse; on the
+MoE test model (small enough to solve unmerged exactly) it reaches the unmerged optimum, and the
+refined plan still computes what single-device ``jax.jit`` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from alpa_pass import _core
+from alpa_pass.extract.stablehlo import extract_graph
+from alpa_pass.plan.planner import core_graph, make_plan
+from alpa_pass.plan.refine import REFINE_MAX_COLUMNS, expand_assignment
+from alpa_pass.solve.highs import solve_ilp
+from alpa_pass.trace.lower import lower
+from tests.models import default_optimizer, gpt, init_state, moe
+
+MESH = ap.LogicalMesh(shape=(2, 4))
+MOE = moe.Config(experts=8, top_k=2)
+
+
+def _step_and_args(model, config, steps=1):
+    optimizer = default_optimizer()
+    step_fn = model.make_train_step(optimizer, config)
+    state = init_state(model.init(jax.random.key(0), config), optimizer)
+    batches = [model.make_batch(jax.random.key(100 + i), config) for i in range(steps)]
+    return step_fn, state, batches
+
+
+def _plan(model, config, **option):
+    step_fn, state, batches = _step_and_args(model, config)
+    plan, graph, _ = make_plan(step_fn, (state, batches[0]), MESH, ap.AutoShardingOption(**option))
+    return plan, graph
+
+
+@pytest.fixture(scope="module")
+def moe_plans():
+    return {mode: _plan(moe, MOE, refine_unmerged=mode)[0] for mode in ("auto", False)}
+
+
+def test_moe_refined_reaches_unmerged_optimum(moe_plans):
+    refined, merged = moe_plans["auto"], moe_plans[False]
+    r = refined.refinement
+    assert r["unmerged_columns"] <= REFINE_MAX_COLUMNS  # "auto" is on for this size
+    assert r["solve"] == "unmerged" and r["unmerged_status"] == "Optimal"
+    assert r["merged_objective"] == pytest.approx(merged.objective, rel=1e-9)
+    assert refined.objective == pytest.approx(r["unmerged_objective"], rel=1e-9)
+    assert refined.objective < 0.9 * merged.objective  # merging costs this model >10%
+    exact, _ = _plan(moe, MOE, merge_followers=False)
+    assert exact.refinement["skipped"].startswith("merge_followers=False")
+    assert refined.objective == pytest.approx(exact.objective, rel=1e-4)  # solver_rel_gap
+    assert refined.ilp_size["columns"] == r["unmerged_columns"]
+    assert "solve: unmerged ILP kept" in refined.summary(max_rows=1)
+
+
+def test_refine_false_keeps_the_merged_plan(moe_plans):
+    merged = moe_plans[False]
+    assert merged.refinement == {"solve": "merged", "merged_objective": merged.objective,
+                                 "skipped": "refine_unmerged=False"}
+    assert "refine" not in merged.timings
+    assert merged.ilp_size["columns"] < moe_plans["auto"].ilp_size["columns"]  # the merged ILP
+    assert "unmerged refinement skipped (refine_unmerged=False)" in merged.summary(max_rows=1)
+
+
+def test_moe_refined_plan_matches_single_device():
+    step_fn, state, batches = _step_and_args(moe, MOE, steps=2)
+    dev = jax.devices()[0]
+    ref_step, ref_state, ref_losses = jax.jit(step_fn), jax.device_put(state, dev), []
+    for batch in batches:
+        ref_state, loss = ref_step(ref_state, jax.device_put(batch, dev))
+        ref_losses.append(float(loss))
+    step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=MESH, option=ap.AutoShardingOption()))
+    assert step.get_executable(state, batches[0]).plan.refinement["solve"] == "unmerged"
+    losses = []
+    for batch in batches:
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_gpt_refined_not_worse_under_time_limit():
+    """The 2-layer GPT's unmerged ILP (~257k columns) is above the "auto" threshold; forced on with
+    a short time limit, the warm start still guarantees a plan no worse than the merged one."""
+    auto, _ = _plan(gpt, gpt.Config(layers=2), solver_time_limit_s=4.0)
+    assert auto.refinement["skipped"].startswith("unmerged ILP has")
+    forced, _ = _plan(gpt, gpt.Config(layers=2), solver_time_limit_s=4.0, refine_unmerged=True)
+    r = forced.refinement
+    assert r["merged_objective"] == pytest.approx(auto.objective, rel=1e-9)
+    assert forced.objective <= r["merged_objective"]
+    assert forced.objective == pytest.approx(min(r["merged_objective"], r["unmerged_objective"]), rel=1e-9)
+    assert r["time_s"] < 4.0 + 2.0
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_expanded_start_has_the_merged_objective(tie):
+    """Every node keeps its (output, operand) specs: same objective, no violation, ties respected."""
+    step_fn, state, batches = _step_and_args(moe, MOE)
+    graph = extract_graph(lower(step_fn, (state, batches[0])).compiler_ir("stablehlo"))
+    option = ap.AutoShardingOption(tie_repeated_layers=tie)
+    merged = _core.build_sharding_problem(core_graph(graph), MESH.to_core(), option.to_core(), [])
+    unmerged = _core.build_sharding_problem(core_graph(graph), MESH.to_core(),
+                                            dataclasses.replace(option, merge_followers=False).to_core(), [])
+    solution = solve_ilp(merged.ilp)
+    start, conflict = expand_assignment(merged, solution.assignment, unmerged, graph.num_nodes)
+    assert conflict is None
+    result = _core.evaluate(unmerged.ilp, start)
+    assert not result.violations
+    assert result.objective == pytest.approx(solution.objective, rel=1e-6)
+
+
+def test_option_validation():
+    with pytest.raises(ValueError, match="refine_unmerged"):
+        ap.AutoShardingOption(refine_unmerged="yes")
+    with pytest.raises(ValueError, match="start assignment"):
+        solve_ilp(_core.build_ilp([np.array([1.0, 2.0])], []), start=np.array([2]))
