@@ -12,36 +12,18 @@ it (``param_processes``), and both ranks' plan digests. The test imports this fi
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 import alpa_pass as ap
+from tests.integration.test_pipeshard import make_gpt_loss, make_step
 from tests.models import default_optimizer, gpt, init_state
 
 CONFIG = gpt.Config(layers=2, tied=False)
 
 
-def loss_fn(params, batch):
-    tokens = batch["tokens"]
-    x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
-    for i, p in enumerate(params["blocks"]):
-        x = x + gpt._attention(p, gpt._layer_norm(p["ln1"], x), CONFIG.heads)
-        x = x + gpt._mlp(p, gpt._layer_norm(p["ln2"], x))
-        if i + 1 < len(params["blocks"]):
-            ap.mark_pipeline_boundary()
-    logp = jax.nn.log_softmax(gpt._layer_norm(params["ln_f"], x) @ params["lm_head"], axis=-1)
-    return jnp.mean(-jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
-
-
 def make_train_step(optimizer):
-    def train_step(state, batch):
-        params, opt_state = state
-        loss, grads = ap.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return train_step
+    """The test_pipeshard GPT step: value_and_grad of the loss with a boundary after block 0."""
+    return make_step(make_gpt_loss(CONFIG), optimizer)
 
 
 def make_data(optimizer, steps):
