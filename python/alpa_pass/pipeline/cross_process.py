@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from alpa_pass.runtime.multiprocess import broadcast_from_owners
+from alpa_pass.runtime.multiprocess import broadcast_from_owners, identity_onto
 
 _PP = "_alpa_pp"  # the union mesh's stage axis; a name no user mesh uses
 
@@ -114,7 +114,7 @@ def _permute_put(x, dest: NamedSharding, src_devices):
     dst_devices = np.asarray(dest.mesh.devices)
     src_mesh = Mesh(np.asarray(src_devices, dtype=object).reshape(dst_devices.shape),
                     dest.mesh.axis_names)
-    staged = settle(_reshard_fn(NamedSharding(src_mesh, dest.spec))(x))
+    staged = settle(identity_onto(NamedSharding(src_mesh, dest.spec))(x))
     union = NamedSharding(Mesh(np.stack([np.asarray(src_mesh.devices), dst_devices]),
                                (_PP, *dest.mesh.axis_names)), PartitionSpec(_PP, *dest.spec))
     local_src = {s.device: s.data for s in staged.addressable_shards}
@@ -134,12 +134,6 @@ def _permute_put(x, dest: NamedSharding, src_devices):
 def _broadcast_put(x, dest):
     full = broadcast_from_owners(x)
     return jax.make_array_from_callback(full.shape, dest, lambda index: full[index], dtype=full.dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _reshard_fn(sharding):
-    """A jitted identity onto ``sharding`` (a collective among its devices' processes)."""
-    return jax.jit(lambda v: v, out_shardings=sharding)
 
 
 @functools.lru_cache(maxsize=None)

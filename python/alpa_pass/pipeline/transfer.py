@@ -26,6 +26,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from alpa_pass.pipeline.cross_process import device_put_many, settle
+from alpa_pass.runtime.multiprocess import identity_onto
 
 TRANSFER_MODES = ("send_once_gather", "direct")
 
@@ -62,7 +63,7 @@ def transfer_many(xs, shardings, mode: str = "send_once_gather") -> list:
             split = _send_split(xs[i], shardings[i])
             if split is not None:
                 sends[j] = split
-                gathers[j] = _gather_fn(shardings[i])
+                gathers[j] = identity_onto(shardings[i])
     sent = device_put_many([xs[i] for i in moves], sends)
     for j, (i, y) in enumerate(zip(moves, sent)):
         out[i] = settle(gathers[j](y)) if j in gathers else y
@@ -136,11 +137,3 @@ def split_sharding(shape: tuple, dest: NamedSharding) -> NamedSharding | None:
     while new_spec and new_spec[-1] is None:
         new_spec.pop()
     return NamedSharding(mesh, PartitionSpec(*new_spec), memory_kind=dest.memory_kind)
-
-
-@functools.lru_cache(maxsize=None)
-def _gather_fn(dest):
-    """A jitted identity onto ``dest``: the all-gather inside the destination mesh (cached per sharding;
-    jax caches its compilations per input shape, dtype and sharding)."""
-    return jax.jit(lambda x: x, out_shardings=dest)
-

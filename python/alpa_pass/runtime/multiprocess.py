@@ -144,7 +144,7 @@ def broadcast_from_owners(x) -> np.ndarray:
     devices = sorted(x.sharding.device_set, key=lambda d: d.id)
     owners = sorted({d.process_index for d in devices})
     replicated = NamedSharding(Mesh(np.asarray(devices, dtype=object), ("_all",)), PartitionSpec())
-    gathered = _identity_onto(replicated)(x)
+    gathered = identity_onto(replicated)(x)
     here = jax.process_index()
     value = (np.asarray(gathered.addressable_shards[0].data) if here in owners
              else np.zeros(x.shape, x.dtype))
@@ -152,6 +152,8 @@ def broadcast_from_owners(x) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _identity_onto(sharding):
-    """A jitted identity onto ``sharding`` (a collective among its devices' processes)."""
+def identity_onto(sharding):
+    """A jitted identity onto ``sharding``: a reshard inside ``sharding``'s devices (e.g. the
+    all-gather to a replicated layout), a collective among their processes. Cached per sharding;
+    jax caches its compilations per input shape, dtype and sharding."""
     return jax.jit(lambda v: v, out_shardings=sharding)
