@@ -16,10 +16,9 @@ RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def gpt_setup():
+def _gpt_reference(layers: int):
     """(train step, state, batches, single-device losses, single-device final state)."""
-    config = gpt.Config(layers=2)
+    config = gpt.Config(layers=layers)
     optimizer = default_optimizer()
     step_fn = gpt.make_train_step(optimizer, config)
     state = init_state(gpt.init(jax.random.key(0), config), optimizer)
@@ -30,6 +29,11 @@ def gpt_setup():
         ref_state, loss = ref(ref_state, jax.device_put(batch, dev))
         losses.append(float(loss))
     return step_fn, state, batches, losses, ref_state
+
+
+@pytest.fixture(scope="module")
+def gpt_setup():
+    return _gpt_reference(layers=2)
 
 
 @pytest.fixture(scope="module", params=[(2, 4), (4, 2)], ids=["2x4", "4x2"])
@@ -131,19 +135,12 @@ def test_embedding_gradient_scatter_is_reduce_scattered_on_3d_mesh():
     # On 2x2x2 the plan scatter-adds the token-embedding gradient from batch-split updates (partial
     # sums over a batch axis, all-reduced without the option); with it, a reduce-scatter. The
     # weight gradients' partial sums over the two batch axes (4 devices) are reduce-scattered too.
-    config = gpt.Config(layers=1)
-    optimizer = default_optimizer()
-    step_fn = gpt.make_train_step(optimizer, config)
-    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
-    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
-    dev = jax.devices()[0]
-    ref, ref_state = jax.jit(step_fn), jax.device_put(state, dev)
+    step_fn, state, batches, ref_losses, ref_state = _gpt_reference(layers=1)
     option = ap.AutoShardingOption(prefer_reduce_scatter=True)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 2, 2)), option=option))
-    for batch in batches:
-        ref_state, ref_loss = ref(ref_state, jax.device_put(batch, dev))
+    for batch, ref_loss in zip(batches, ref_losses):
         state, loss = step(state, batch)
-        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(float(loss), ref_loss, rtol=RTOL, atol=ATOL)
     for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
     found = helpers.collectives(step.get_executable(state, batches[0]).hlo_text())
