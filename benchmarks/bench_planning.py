@@ -79,7 +79,7 @@ def tie_stats(graph, mesh, option) -> dict:
     """What repeated-layer tying does to this graph: the core's repeat_stats (groups before and
     after tying, regions, copies, classes), from one extra build of the problem."""
     from alpa_pass import _core
-    from alpa_pass.plan.planner import core_graph
+    from alpa_pass.driver.planning import core_graph
 
     t = time.perf_counter()
     problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), [],
@@ -94,7 +94,7 @@ def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit
     import jax
 
     import alpa_pass as ap
-    from alpa_pass.plan.planner import make_plan
+    from alpa_pass.driver.jit import make_plan
     from tests.models import default_optimizer, gpt
 
     optimizer = default_optimizer()

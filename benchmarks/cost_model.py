@@ -19,7 +19,8 @@ from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import build_plan
-from alpa_pass.plan.planner import _node_ties, core_graph
+from alpa_pass.driver.planning import core_graph
+from alpa_pass.driver.request import node_ties
 from alpa_pass.solve.highs import Solution, _pass_model
 from alpa_pass.trace.lower import lower
 
@@ -41,7 +42,7 @@ class CostModel:
     def __init__(self, fn, args, mesh: LogicalMesh, option: AutoShardingOption):
         lowered = lower(fn, args)
         self.graph = extract_graph(lowered.compiler_ir("stablehlo"))
-        ties = _node_ties(self.graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
+        ties = node_ties(self.graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
         self.problem = _core.build_sharding_problem(core_graph(self.graph), mesh.to_core(),
                                                     option.to_core(), list(ties))
         self.mesh, self.option = mesh, option

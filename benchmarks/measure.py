@@ -8,7 +8,7 @@ import time
 import jax
 import numpy as np
 
-from alpa_pass.plan.fidelity import KINDS, list_collectives as collectives
+from alpa_pass.tools.fidelity import KINDS, list_collectives as collectives
 
 
 def comm_stats(hlo_text: str) -> dict:

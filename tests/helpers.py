@@ -1,12 +1,12 @@
 """Helpers for tests: collectives in compiled HLO text (the parser is
-``alpa_pass.plan.fidelity.list_collectives``; async pairs count once, at their ``-start``), and
+``alpa_pass.tools.fidelity.list_collectives``; async pairs count once, at their ``-start``), and
 plan specs by pytree path."""
 from __future__ import annotations
 
 import jax
 
-from alpa_pass.plan.fidelity import list_collectives as collectives  # noqa: F401  (tests use helpers.collectives)
-from alpa_pass.plan.fidelity import summarize
+from alpa_pass.tools.fidelity import list_collectives as collectives  # noqa: F401  (tests use helpers.collectives)
+from alpa_pass.tools.fidelity import summarize
 
 
 def count(hlo_text: str) -> dict[str, int]:

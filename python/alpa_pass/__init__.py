@@ -1,22 +1,65 @@
-"""alpa_pass: automatic data, operator and pipeline parallelism for JAX on stock jax/jaxlib."""
-from alpa_pass.api import ParallelizedFunction, parallelize
-from alpa_pass.errors import (AlpaPassError, CompileError, EmitError, ExtractError, InfeasibleError,
-                              MeshError, PlanMismatchError, ShardingError, SolverError, TraceError)
-from alpa_pass.mesh import LogicalMesh
-from alpa_pass.options import AutoShardingOption, ShardParallel
-from alpa_pass.pipeline import (AutoLayerOption, AutoStageOption, ManualStageOption, PipeshardParallel,
-                                UniformStageOption, grad, mark_pipeline_boundary, value_and_grad)
-from alpa_pass.plan.plan import Plan
-from alpa_pass.presets import DataParallel, Zero2Parallel, Zero3Parallel
-from alpa_pass.runtime.executable import Executable
+"""alpa_pass: automatic data, operator and pipeline parallelism for JAX on stock jax/jaxlib.
 
-__version__ = "0.1.0"
+The public names below are loaded on first use: JAX imports ``alpa_pass.plugin`` (and with it this
+package) in every program on a machine where alpa_pass is installed, so importing the package must
+not load the C++ core, highspy or the MLIR walkers (``ap.parallelize`` loads them).
+"""
+from __future__ import annotations
 
-__all__ = [
-    "AlpaPassError", "AutoShardingOption", "CompileError", "EmitError", "Executable", "ExtractError",
-    "InfeasibleError", "LogicalMesh", "MeshError", "ParallelizedFunction", "Plan", "PlanMismatchError", "ShardParallel",
-    "ShardingError", "SolverError", "TraceError", "parallelize",
-    "AutoLayerOption", "AutoStageOption", "ManualStageOption", "PipeshardParallel", "UniformStageOption",
-    "grad", "mark_pipeline_boundary", "value_and_grad",
-    "DataParallel", "Zero2Parallel", "Zero3Parallel",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+from alpa_pass._version import __version__
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "ParallelizedFunction": "alpa_pass.api", "parallelize": "alpa_pass.api",
+    "AlpaPassError": "alpa_pass.errors", "CompileError": "alpa_pass.errors", "EmitError": "alpa_pass.errors",
+    "ExtractError": "alpa_pass.errors", "InfeasibleError": "alpa_pass.errors", "MeshError": "alpa_pass.errors",
+    "PlanMismatchError": "alpa_pass.errors", "ShardingError": "alpa_pass.errors",
+    "SolverError": "alpa_pass.errors", "TraceError": "alpa_pass.errors",
+    "LogicalMesh": "alpa_pass.mesh",
+    "AutoShardingOption": "alpa_pass.options",
+    "ShardParallel": "alpa_pass.methods.shard",
+    "DataParallel": "alpa_pass.methods.presets", "Zero2Parallel": "alpa_pass.methods.presets",
+    "Zero3Parallel": "alpa_pass.methods.presets",
+    "PipeshardParallel": "alpa_pass.methods.pipeshard",
+    "AutoLayerOption": "alpa_pass.pipeline.options", "AutoStageOption": "alpa_pass.pipeline.options",
+    "ManualStageOption": "alpa_pass.pipeline.options", "UniformStageOption": "alpa_pass.pipeline.options",
+    "grad": "alpa_pass.pipeline.trace.markers", "mark_pipeline_boundary": "alpa_pass.pipeline.trace.markers",
+    "value_and_grad": "alpa_pass.pipeline.trace.markers",
+    "Plan": "alpa_pass.plan.plan",
+    "Executable": "alpa_pass.runtime.executable",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alpa_pass' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the names directly
+    from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
+    from alpa_pass.errors import (AlpaPassError, CompileError, EmitError, ExtractError,  # noqa: F401
+                                  InfeasibleError, MeshError, PlanMismatchError, ShardingError,
+                                  SolverError, TraceError)
+    from alpa_pass.mesh import LogicalMesh  # noqa: F401
+    from alpa_pass.methods.pipeshard import PipeshardParallel  # noqa: F401
+    from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel  # noqa: F401
+    from alpa_pass.methods.shard import ShardParallel  # noqa: F401
+    from alpa_pass.options import AutoShardingOption  # noqa: F401
+    from alpa_pass.pipeline.options import (AutoLayerOption, AutoStageOption, ManualStageOption,  # noqa: F401
+                                            UniformStageOption)
+    from alpa_pass.pipeline.trace.markers import grad, mark_pipeline_boundary, value_and_grad  # noqa: F401
+    from alpa_pass.plan.plan import Plan  # noqa: F401
+    from alpa_pass.runtime.executable import Executable  # noqa: F401

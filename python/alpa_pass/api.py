@@ -5,9 +5,8 @@ import functools
 
 import jax
 
-from alpa_pass.options import ParallelMethod, ShardParallel
-from alpa_pass.presets import PresetParallel
-from alpa_pass.runtime.executable import Executable
+from alpa_pass.methods.base import ParallelMethod
+from alpa_pass.methods.shard import ShardParallel
 
 
 def parallelize(fn=None, *, method: ParallelMethod | None = None, donate_argnums=(), static_argnums=()):
@@ -51,14 +50,14 @@ class ParallelizedFunction:
         exe = self.get_executable(*args)
         return exe(*self._dynamic(args))
 
-    def get_executable(self, *args) -> Executable:
+    def get_executable(self, *args):
         """Plan and compile for these arguments (arrays or ``jax.ShapeDtypeStruct``s); run nothing."""
         dyn = self._dynamic(args)
         leaves, treedef = jax.tree.flatten(dyn)
         key = (treedef, tuple(_leaf_key(x) for x in leaves), self._static_key(args))
         exe = self._cache.get(key)
         if exe is None:
-            exe = self._build(args, dyn, treedef)
+            exe = self._build(args, dyn)
             self._cache[key] = exe
         return exe
 
@@ -68,46 +67,17 @@ class ParallelizedFunction:
 
         With ``jax.ShapeDtypeStruct`` arguments this plans models far larger than host memory.
         """
-        from alpa_pass.plan.planner import make_plan
-
-        method = self._shard_method()
-        dyn = self._dynamic(args)
-        plan, _, _ = make_plan(self._bind_static(args), dyn, method.resolved_mesh(),
-                               method.option, saved=method.plan,
-                               donate_argnums=self._dynamic_positions(self.donate_argnums, len(args)),
-                               pinned_args=self._pins(dyn, method))
-        return plan
+        donate = self._dynamic_positions(self.donate_argnums, len(args))
+        return self.method.plan_for(self._bind_static(args), self._dynamic(args), donate)
 
     @property
     def num_plans(self) -> int:
         """How many argument signatures have been planned (each plan is cached)."""
         return len(self._cache)
 
-    def _build(self, args, dyn, treedef) -> Executable:
-        from alpa_pass.plan.planner import plan_and_compile
-
-        fn = self._bind_static(args)
-        if type(self.method).__name__ == "PipeshardParallel":
-            from alpa_pass.pipeline.runtime import build_pipeshard
-
-            return build_pipeshard(fn, dyn, self.method, self._dynamic_positions(self.donate_argnums, len(args)))
+    def _build(self, args, dyn):
         donate = self._dynamic_positions(self.donate_argnums, len(args))
-        method = self._shard_method()
-        plan, compiled = plan_and_compile(fn, dyn, method.resolved_mesh(), method.option, donate,
-                                          saved=method.plan, pinned_args=self._pins(dyn, method))
-        out_treedef = jax.tree.structure(compiled.output_shardings)
-        return Executable(plan, compiled, treedef, out_treedef)
-
-    def _shard_method(self) -> ShardParallel:
-        if isinstance(self.method, PresetParallel):
-            return self.method.shard_parallel()
-        if not isinstance(self.method, ShardParallel):
-            raise NotImplementedError(f"{type(self.method).__name__} is not implemented yet; use ShardParallel")
-        return self.method
-
-    def _pins(self, dyn, method: ShardParallel):
-        """The preset's forced argument layouts (None for ShardParallel)."""
-        return self.method.pinned_args(dyn, method.resolved_mesh()) if isinstance(self.method, PresetParallel) else None
+        return self.method.build_executable(self._bind_static(args), dyn, donate)
 
     def _dynamic(self, args):
         return tuple(a for i, a in enumerate(args) if i not in self.static_argnums)

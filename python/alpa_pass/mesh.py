@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from alpa_pass import _core
 from alpa_pass.errors import MeshError
 
 _DEFAULT_AXIS_NAMES = ("x", "y", "z", "w")
@@ -77,8 +78,6 @@ class LogicalMesh:
         return Mesh(np.array(devices, dtype=object).reshape(self.shape), self.axis_names)
 
     def to_core(self):
-        from alpa_pass import _core
-
         return _core.Mesh(shape=list(self.shape), alpha=list(self.alpha), beta=list(self.beta))
 
     def spec_to_partition_spec(self, spec: Sequence[int], rank: int):

@@ -1,10 +1,20 @@
-"""Options and parallelization methods: frozen dataclasses, validated on construction."""
+"""Planner options: a frozen dataclass, validated on construction, that owns its conversions
+(to the C++ core's options, to the solver's options, and the fields that key saved plans).
+
+The parallel methods that take it (``ShardParallel``, the presets, ``PipeshardParallel``) live in
+``alpa_pass.methods``.
+"""
 from __future__ import annotations
 
 import dataclasses
 import os
 
-from alpa_pass.mesh import LogicalMesh
+from alpa_pass import _core
+from alpa_pass.solve.highs import SolveOptions
+
+# Field metadata: a field marked ``_SHOWN_ONLY`` changes how a plan is shown, emitted or looked
+# up, not what is planned; it is neither recorded in ``Plan.made_with`` nor part of a cache key.
+_SHOWN_ONLY = {"planning": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +75,12 @@ class AutoShardingOption:
     solver_time_limit_s: float = 60.0
     solver_rel_gap: float = 1e-4
     solver_threads: int = 1
-    solver_log: bool = False
-    solver_objective_bound: float | None = None
-    emit: str = "all"
+    solver_log: bool = dataclasses.field(default=False, metadata=_SHOWN_ONLY)
+    solver_objective_bound: float | None = dataclasses.field(default=None, metadata=_SHOWN_ONLY)
+    emit: str = dataclasses.field(default="all", metadata=_SHOWN_ONLY)
     tie_outputs_to_inputs: bool = True
-    plan_cache_dir: str | None = None
-    show_progress: bool | None = None
+    plan_cache_dir: str | None = dataclasses.field(default=None, metadata=_SHOWN_ONLY)
+    show_progress: bool | None = dataclasses.field(default=None, metadata=_SHOWN_ONLY)
     tie_repeated_layers: bool = True
     prefer_reduce_scatter: bool = False
     refine_unmerged: bool | str = "auto"
@@ -95,13 +105,12 @@ class AutoShardingOption:
             raise ValueError(f"AutoShardingOption.memory_budget_per_device must be > 0 bytes or None, "
                              f"got {self.memory_budget_per_device!r}")
         if self.plan_cache_dir is not None:
-            object.__setattr__(self, "plan_cache_dir", os.fspath(self.plan_cache_dir))
+            object.__setattr__(self, "plan_cache_dir", os.path.expanduser(os.fspath(self.plan_cache_dir)))
         if self.show_progress not in (None, True, False):
             raise ValueError(f"AutoShardingOption.show_progress must be None, True or False, got {self.show_progress!r}")
 
-    def to_core(self):
-        from alpa_pass import _core
-
+    def to_core(self) -> "_core.CoreOptions":
+        """The C++ core's view of the options that shape the ILP."""
         opts = _core.CoreOptions()
         opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
         opts.compute_cost_per_flop = self.compute_cost_per_flop
@@ -112,62 +121,14 @@ class AutoShardingOption:
         opts.tie_repeated_layers = self.tie_repeated_layers
         return opts
 
+    def solve_options(self, time_limit_s: float | None = None) -> SolveOptions:
+        """HiGHS options of a solve under these options (``time_limit_s`` overrides the limit)."""
+        return SolveOptions(time_limit_s=self.solver_time_limit_s if time_limit_s is None else time_limit_s,
+                            rel_gap=self.solver_rel_gap, threads=self.solver_threads,
+                            log_to_console=self.solver_log, objective_bound=self.solver_objective_bound)
 
-class ParallelMethod:
-    """Base of the methods ``parallelize`` accepts."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardParallel(ParallelMethod):
-    """Intra-operator parallelism: one sharding plan (an ILP) over one logical mesh.
-
-    Attributes:
-      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh (or the saved
-        plan's mesh); ``"auto"`` = plan every logical shape of ``jax.devices()`` (1xN, 2xN/2, ...,
-        see ``plan.auto_mesh``) and keep the cheapest plan (``plan.mesh_search`` lists them).
-      option: planner options.
-      plan: a saved ``Plan`` (or the path of its ``Plan.save`` file) to apply without solving; it
-        must have been made by this jax version for the same function signature and mesh
-        (PlanMismatchError says what differs otherwise).
-    """
-
-    mesh: LogicalMesh | str | None = None
-    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
-    plan: object = dataclasses.field(default=None, hash=False)
-
-    def __post_init__(self):
-        if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
-            raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, \"auto\" or None, "
-                            f"got {self.mesh!r}")
-        if not isinstance(self.option, AutoShardingOption):
-            raise TypeError(f"ShardParallel(option=...) takes an AutoShardingOption, got {type(self.option).__name__}")
-        if self.plan is not None:
-            self._load_plan()
-
-    def _load_plan(self):
-        from alpa_pass.plan.plan import Plan
-
-        if isinstance(self.plan, (str, os.PathLike)):
-            object.__setattr__(self, "plan", Plan.load(self.plan))
-        elif not isinstance(self.plan, Plan):
-            raise TypeError(f"ShardParallel(plan=...) takes a Plan or the path of a saved plan, "
-                            f"got {type(self.plan).__name__}")
-        if self.mesh == "auto":
-            raise ValueError("ShardParallel(plan=..., mesh=\"auto\"): a saved plan fixes its mesh; "
-                             "drop mesh= (the plan's mesh is used) or drop plan= to search meshes")
-
-    def resolved_mesh(self):
-        """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
-        if self.mesh == "auto":
-            import jax
-
-            from alpa_pass.plan.auto_mesh import candidate_meshes
-
-            return candidate_meshes(len(jax.devices()))
-        if self.mesh is not None:
-            return self.mesh
-        if self.plan is not None:
-            return self.plan.mesh
-        import jax
-
-        return LogicalMesh(shape=(1, len(jax.devices())))
+    def planning_fields(self) -> dict:
+        """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``
+        records them; the plan cache keys on them)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("planning", True)}

@@ -11,7 +11,8 @@ import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import OpKind
-from alpa_pass.plan.planner import core_graph, make_plan
+from alpa_pass.driver.jit import make_plan
+from alpa_pass.driver.planning import core_graph
 from tests.models import default_optimizer, gpt, init_state, mlp
 
 GPT = gpt.Config(layers=2, hidden=64, vocab=256, seq=32)

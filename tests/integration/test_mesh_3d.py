@@ -8,7 +8,7 @@ import numpy as np
 import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.extract.stablehlo import extract_graph
-from alpa_pass.plan.planner import core_graph
+from alpa_pass.driver.planning import core_graph
 from alpa_pass.trace.lower import lower
 from tests.models import default_optimizer, gpt, init_state
 

@@ -156,11 +156,11 @@ def test_auto_layers_auto_stages_match_single_device():
 
 
 def test_auto_stages_give_a_heavy_layer_more_devices():
-    from alpa_pass.pipeline.compile import micro_avals
-    from alpa_pass.pipeline.layers import manual_layers
-    from alpa_pass.pipeline.stage_search import auto_stages
-    from alpa_pass.pipeline.stages import uniform_stages
-    from alpa_pass.pipeline.trace import trace_step
+    from alpa_pass.pipeline.compile.pipeshard import micro_avals
+    from alpa_pass.pipeline.partition.layers import manual_layers
+    from alpa_pass.pipeline.partition.stage_search import auto_stages
+    from alpa_pass.pipeline.partition.stages import uniform_stages
+    from alpa_pass.pipeline.trace.step import trace_step
 
     reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import alpa_pass as ap
-from alpa_pass.plan import planner
+from alpa_pass.driver import planning
 from tests.models import default_optimizer, init_state, mlp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +36,7 @@ def no_solver(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the solver ran although a plan was given or cached")
 
-    monkeypatch.setattr(planner, "plan_graph", refuse)
+    monkeypatch.setattr(planning, "solve_graph", refuse)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 HEAVY = ["alpa_pass._core", "alpa_pass.emit.constraints", "alpa_pass.extract.stablehlo",
-         "alpa_pass.plan.planner", "highspy"]
+         "alpa_pass.driver.planning", "highspy"]
 
 
 def _env(**extra):
@@ -180,3 +180,19 @@ def test_unsupported_jax_warns_once_and_runs_plain():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "6.0"]
     assert proc.stderr.count("is not supported (need >=99.0.0,<100.0.0); running as plain JAX") == 1
+
+
+def test_plugin_and_api_make_the_same_plan():
+    """One planning path: the same donated training step planned by the plugin (plain jax.jit,
+    ALPA_PASS_MESH=2x4, ALPA_PASS_REDUCE_SCATTER=1) and by ap.parallelize (ShardParallel on 2x4,
+    prefer_reduce_scatter=True) gets the same objective, the same spec for every input and output,
+    the same predicted peak (donation honoured by both) and the same reduce-scatter rewrites."""
+    out, run, _ = _run("plugin_vs_api.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="2x4",
+                       ALPA_PASS_MIN_BYTES="0", ALPA_PASS_REDUCE_SCATTER="1")
+    plugin, api = out["plugin"], out["api"]
+    assert plugin["objective"] == pytest.approx(api["objective"], rel=1e-9)
+    assert plugin["input_specs"] == api["input_specs"] and len(api["input_specs"]) == 21
+    assert plugin["output_specs"] == api["output_specs"] and len(api["output_specs"]) == 20
+    assert plugin["peak_bytes"] == api["peak_bytes"] > 0
+    assert plugin["reduce_scattered"] == api["reduce_scattered"] > 0
+    assert out["losses"][0] == pytest.approx(out["losses"][1], rel=1e-6)

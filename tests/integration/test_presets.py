@@ -127,13 +127,13 @@ def test_preset_rejects_indivisible_batch():
 
 def test_pin_without_matching_strategy_names_the_node():
     from alpa_pass.extract.stablehlo import extract_graph
-    from alpa_pass.plan.planner import plan_graph
+    from alpa_pass.driver.planning import solve_graph
 
     x = jax.ShapeDtypeStruct((8, 16), np.float32)
     graph = extract_graph(jax.jit(lambda a: (a * 2.0).sum()).lower(x).compiler_ir("stablehlo"))
     mesh = ap.LogicalMesh(shape=(1, 8))
     param = graph.param_nodes()[0]
-    plan = plan_graph(graph, mesh, ap.AutoShardingOption(), pinned=[(param, [-1, 1])])
+    plan = solve_graph(graph, mesh, ap.AutoShardingOption(), pins=[(param, [-1, 1])])
     assert list(plan.node_specs[param])[1] == 1
     with pytest.raises(ValueError, match=f"cannot pin node {param}"):
-        plan_graph(graph, mesh, ap.AutoShardingOption(), pinned=[(param, [-1, 5])])
+        solve_graph(graph, mesh, ap.AutoShardingOption(), pins=[(param, [-1, 5])])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from alpa_pass.pipeline.cross_process import crosses_processes, put
+from alpa_pass.pipeline.run.cross_process import crosses_processes, put
 from alpa_pass.runtime.multiprocess import global_to_host
 
 prefix = sys.argv[1]

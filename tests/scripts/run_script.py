@@ -14,7 +14,7 @@ import sys
 
 import jax
 
-HEAVY = ("alpa_pass._core", "alpa_pass.plan.planner", "alpa_pass.extract.stablehlo",
+HEAVY = ("alpa_pass._core", "alpa_pass.driver.planning", "alpa_pass.extract.stablehlo",
          "alpa_pass.emit.constraints", "highspy")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from alpa_pass.pipeline.apply_sites import CROSS, FREE, assign_sites
+from alpa_pass.pipeline.programs.apply_sites import CROSS, FREE, assign_sites
 
 
 def _sites(fn, *shapes, seeds):
@@ -73,7 +73,7 @@ def test_jitted_helpers_are_inlined_so_each_stage_keeps_its_own_update():
     import numpy as np
     from jax.extend.core import jaxpr_as_fun
 
-    from alpa_pass.pipeline.trace import inline_calls
+    from alpa_pass.pipeline.trace.step import inline_calls
 
     correct = jax.jit(lambda mus, count: [m / (1.0 - 0.9 ** count) for m in mus])
 

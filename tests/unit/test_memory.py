@@ -8,7 +8,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.plan.memory import solve_within_budget
+from alpa_pass.driver.budget import solve_within_budget
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
 MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])

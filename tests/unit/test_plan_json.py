@@ -14,8 +14,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import alpa_pass as ap
-from alpa_pass.plan import auto_mesh, cache, serialize
-from alpa_pass.plan.progress import PlanningProgress, planning_progress
+from alpa_pass.driver import auto_mesh, cache, planning, request
+from alpa_pass.driver.request import PlanRequest
+from alpa_pass.plan import serialize
+from alpa_pass.plan.plan import search_summary
+from alpa_pass.driver.progress import PlanningProgress, planning_progress
 from tests.models import default_optimizer, init_state, mlp
 
 
@@ -59,7 +62,7 @@ def test_json_round_trip_keeps_everything_emission_and_summary_need(plan):
 def test_multi_axis_spec_entries_round_trip(plan):
     d = serialize.plan_to_dict(plan)
     d["input_specs"][0] = [["x", "y"], None]
-    back = serialize.plan_from_dict(json.loads(json.dumps(d)))
+    back = ap.Plan.from_dict(json.loads(json.dumps(d)))
     assert back.input_specs[0] == P(("x", "y"), None)
 
 
@@ -94,7 +97,7 @@ def test_check_applicable_says_what_differs(plan):
         serialize.check_applicable(plan, **{**ok, "mesh": ap.LogicalMesh(shape=(4, 2), beta=(1.0, 0.5))})
     with pytest.raises(ap.PlanMismatchError, match=r"beta \[1.0, 0.5\] \(plan\) vs \[1.0, 1.0\]"):
         serialize.check_applicable(plan, **{**ok, "mesh": ap.LogicalMesh(shape=(2, 4))})
-    old = serialize.plan_from_dict({**serialize.plan_to_dict(plan),
+    old = ap.Plan.from_dict({**serialize.plan_to_dict(plan),
                                     "made_with": {**plan.made_with, "jax": "0.4.1"}})
     with pytest.raises(ap.PlanMismatchError, match=f"jax 0.4.1 but this is jax {jax.__version__}"):
         serialize.check_applicable(old, **ok)
@@ -102,11 +105,11 @@ def test_check_applicable_says_what_differs(plan):
 
 def test_fingerprint_depends_on_text_avals_node_count_and_donation():
     a = [jax.ShapeDtypeStruct((4, 8), "float32")]
-    base = serialize.fingerprint("module", a, 10)
-    assert base == serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "float32")], 10)
-    assert len({base, serialize.fingerprint("module2", a, 10), serialize.fingerprint("module", a, 11),
-                serialize.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "bfloat16")], 10),
-                serialize.fingerprint("module", a, 10, donated=[0])}) == 5
+    base = request.fingerprint("module", a, 10)
+    assert base == request.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "float32")], 10)
+    assert len({base, request.fingerprint("module2", a, 10), request.fingerprint("module", a, 11),
+                request.fingerprint("module", [jax.ShapeDtypeStruct((4, 8), "bfloat16")], 10),
+                request.fingerprint("module", a, 10, donated=[0])}) == 5
 
 
 def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
@@ -136,14 +139,13 @@ def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
 def test_a_solve_cut_off_by_the_bound_is_not_cached(plan, tmp_path, monkeypatch):
     """With solver_objective_bound, HiGHS may stop at its first incumbent once it proves the bound
     unbeatable: such a plan is no optimum and must not be served to a later unbounded request."""
-    from alpa_pass.plan import obtain, planner
-
     solved = copy.copy(plan)
-    monkeypatch.setattr(planner, "plan_graph", lambda *a, **k: solved)
+    monkeypatch.setattr(planning, "solve_graph", lambda *a, **k: solved)
     graph = types.SimpleNamespace(num_nodes=len(plan.node_specs))
     for bound, stored in ((solved.objective, False), (solved.objective * 2, True), (None, True)):
         option = ap.AutoShardingOption(plan_cache_dir=tmp_path / str(bound), solver_objective_bound=bound)
-        obtain.plan_one(graph, plan.mesh, option, None, {}, plan.fingerprint)
+        planning._plan_one(PlanRequest(graph, plan.mesh, option, fingerprint=plan.fingerprint), plan.mesh,
+                           option, None)
         hit = cache.load_cached(option.plan_cache_dir, plan.fingerprint, plan.mesh, option, graph.num_nodes)
         assert (hit is not None) == stored, bound
 
@@ -176,7 +178,7 @@ def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
     assert [(tuple(e["shape"]), e["objective"], e.get("same_as")) for e in best.mesh_search] == [
         ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 6.0, [2, 4]), ((8, 1), 8.0, [1, 8]),
         ((2, 2, 2), 6.0, None)]
-    assert auto_mesh.search_summary(best.mesh_search, (2, 4)) == \
+    assert search_summary(best.mesh_search, (2, 4)) == \
         "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 = 2x4, 8x1 = 1x8, 2x2x2 6 (cut off)"
     assert [e.get("cut_off") for e in best.mesh_search] == [False, False, None, None, True]
 
@@ -194,7 +196,7 @@ def test_search_solves_permutations_with_other_costs_and_survives_infeasible_sha
     assert best.mesh.shape == (4, 2)
     assert [e["objective"] for e in best.mesh_search] == [None, 3.0, 3.0]
     assert best.mesh_search[0]["error"] == "too small" and "same_as" not in best.mesh_search[2]
-    assert "2x4 infeasible" in auto_mesh.search_summary(best.mesh_search)
+    assert "2x4 infeasible" in search_summary(best.mesh_search)
     with pytest.raises(ap.InfeasibleError, match="too small"):
         auto_mesh.search_meshes(meshes[:1], plan_one)
 

@@ -11,7 +11,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.extract.graph import GraphBuilder, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
-from alpa_pass.plan.planner import core_graph
+from alpa_pass.driver.planning import core_graph
 from alpa_pass.trace.lower import lower
 from tests.models import default_optimizer, gpt, init_state
 

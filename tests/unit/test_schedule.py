@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from alpa_pass.pipeline.schedule import Task, clock, stage_orders
+from alpa_pass.pipeline.partition.schedule import Task, clock, stage_orders
 
 GRID = [(s, m) for s in range(1, 9) for m in range(1, 33)]
 

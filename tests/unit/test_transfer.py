@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import alpa_pass as ap
-from alpa_pass.pipeline.transfer import split_sharding, transfer, transfer_many
+from alpa_pass.pipeline.run.transfer import split_sharding, transfer, transfer_many
 
 
 def _mesh(devices, shape, names=("a", "b")):
@@ -89,7 +89,7 @@ def test_transfer_mode_validated():
 
 def test_pipeshard_modes_agree_and_split_is_used(monkeypatch):
     """A 2-stage MLP step gives bit-identical results under both modes; the split path runs."""
-    import alpa_pass.pipeline.transfer as transfer_mod
+    import alpa_pass.pipeline.run.transfer as transfer_mod
 
     def loss_fn(params, x):
         h = jax.nn.relu(x @ params[0])

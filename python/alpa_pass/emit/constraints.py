@@ -29,10 +29,12 @@ CONSTRAINT_NAME_PREFIX = "alpa_pass"    # op_name metadata of inserted constrain
 @dataclasses.dataclass
 class EmitReport:
     """``inserted``: constraint ops added (one per MLIR value); ``skipped``: reason -> number of
-    requested nodes left unconstrained (reasons are the ``SKIP_*`` constants)."""
+    requested nodes left unconstrained (reasons are the ``SKIP_*`` constants);
+    ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``)."""
 
     inserted: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
+    reduce_scattered: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n

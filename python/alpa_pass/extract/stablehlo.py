@@ -15,6 +15,7 @@ import re
 from jaxlib.mlir import ir
 
 from alpa_pass.errors import ExtractError
+from alpa_pass import _compat
 from alpa_pass.extract import op_table
 from alpa_pass.extract.graph import GraphBuilder, OpGraph, OpKind, OpLocator
 
@@ -30,8 +31,6 @@ def make_context() -> ir.Context:
     jaxlib's public bindings register stablehlo/chlo/sdy but not ``func``; jax's own context
     factory is the one call that gives all of them.
     """
-    from alpa_pass import _compat
-
     return _compat.make_ir_context()
 
 

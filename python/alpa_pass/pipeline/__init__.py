@@ -1,7 +1,5 @@
-"""Pipeline (inter-op) parallelism: layers, stages on submeshes, pipelined execution."""
-from alpa_pass.pipeline.markers import grad, mark_pipeline_boundary, value_and_grad
-from alpa_pass.pipeline.options import (AutoLayerOption, AutoStageOption, ManualStageOption, PipeshardParallel,
-                                        UniformStageOption)
-
-__all__ = ["AutoLayerOption", "AutoStageOption", "ManualStageOption", "PipeshardParallel", "UniformStageOption",
-           "grad", "mark_pipeline_boundary", "value_and_grad"]
+"""Pipeline (inter-op) parallelism, by phase: ``trace`` (markers, the traced step), ``partition``
+(layers, stages and submeshes, schedules), ``programs`` (stage and apply programs), ``compile``
+(each program planned and compiled on its submesh), ``run`` (the executable, transfers between
+submeshes and processes, the plan report). The method itself is ``alpa_pass.methods.pipeshard``.
+"""

@@ -1,13 +1,13 @@
-"""Pipeline options: ``PipeshardParallel`` and its layer/stage options (frozen dataclasses)."""
+"""The layer and stage options of ``PipeshardParallel`` (frozen dataclasses), its schedules and
+transfer modes. ``PipeshardParallel`` itself lives in ``alpa_pass.methods.pipeshard``."""
 from __future__ import annotations
 
 import dataclasses
 
-from alpa_pass.mesh import LogicalMesh
-from alpa_pass.options import AutoShardingOption, ParallelMethod
-from alpa_pass.pipeline.transfer import TRANSFER_MODES
-
 SCHEDULES = ("1f1b", "gpipe")
+# How values cross submeshes (``pipeline.run.transfer``): a value the destination replicates is
+# sent split over the replicating axes and all-gathered on arrival, or sent whole to every device.
+TRANSFER_MODES = ("send_once_gather", "direct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,61 +96,3 @@ class AutoStageOption:
         if self.submesh_logical_shapes not in ("all", "same"):
             raise ValueError(f"AutoStageOption.submesh_logical_shapes must be 'all' or 'same', "
                              f"got {self.submesh_logical_shapes!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class PipeshardParallel(ParallelMethod):
-    """Pipeline (inter-op) parallelism over submeshes, each stage sharded by the intra-op planner.
-
-    Attributes:
-      mesh: the whole cluster; stages get submeshes of it (``None`` = all devices as 1 x N).
-      num_micro_batches: the batch arguments are split into this many micro-batches along axis 0;
-        gradients are averaged over them (exact for losses that are means over the batch).
-      layer_option: ``"manual"`` (``mark_pipeline_boundary()`` in the loss) or ``AutoLayerOption``.
-      stage_option: ``"auto"`` (= ``AutoStageOption()``), ``AutoStageOption``,
-        ``UniformStageOption`` or ``ManualStageOption``.
-      pipeline_schedule: ``"1f1b"`` or ``"gpipe"``.
-      batch_argnums: positions of the train step's arguments that hold the batch.
-      option: intra-op planner options for every stage.
-      transfer: how values cross submeshes: ``"send_once_gather"`` (a tensor the destination
-        replicates is sent split over the replicating axes, then all-gathered inside the
-        destination mesh) or ``"direct"`` (one device_put of the full replicas).
-    """
-
-    mesh: LogicalMesh | None = None
-    num_micro_batches: int = 1
-    layer_option: object = "manual"
-    stage_option: object = dataclasses.field(default_factory=UniformStageOption)
-    pipeline_schedule: str = "1f1b"
-    batch_argnums: tuple = (1,)
-    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
-    transfer: str = "send_once_gather"
-
-    def __post_init__(self):
-        if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
-            raise TypeError(f"PipeshardParallel(mesh=...) takes an alpa_pass.LogicalMesh, got {type(self.mesh).__name__}")
-        if int(self.num_micro_batches) < 1:
-            raise ValueError(f"PipeshardParallel.num_micro_batches must be >= 1, got {self.num_micro_batches}")
-        if self.layer_option != "manual" and not isinstance(self.layer_option, AutoLayerOption):
-            raise TypeError(f"PipeshardParallel(layer_option=...) takes 'manual' or AutoLayerOption, "
-                            f"got {self.layer_option!r}")
-        stage = AutoStageOption() if self.stage_option == "auto" else self.stage_option
-        if not isinstance(stage, (AutoStageOption, UniformStageOption, ManualStageOption)):
-            raise TypeError(f"PipeshardParallel(stage_option=...) takes 'auto', AutoStageOption, "
-                            f"UniformStageOption or ManualStageOption, got {self.stage_option!r}")
-        object.__setattr__(self, "stage_option", stage)
-        if self.pipeline_schedule not in SCHEDULES:
-            raise ValueError(f"PipeshardParallel.pipeline_schedule must be one of {SCHEDULES}, "
-                             f"got {self.pipeline_schedule!r}")
-        if self.transfer not in TRANSFER_MODES:
-            raise ValueError(f"PipeshardParallel.transfer must be one of {TRANSFER_MODES}, "
-                             f"got {self.transfer!r}")
-        argnums = (self.batch_argnums,) if isinstance(self.batch_argnums, int) else self.batch_argnums
-        object.__setattr__(self, "batch_argnums", tuple(int(i) for i in argnums))
-
-    def resolved_mesh(self) -> LogicalMesh:
-        if self.mesh is not None:
-            return self.mesh
-        import jax
-
-        return LogicalMesh(shape=(1, len(jax.devices())))

@@ -6,8 +6,12 @@ import io
 
 import numpy as np
 
+from rich.console import Console
+from rich.table import Table
+
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
+from alpa_pass.plan import serialize
 
 
 @dataclasses.dataclass
@@ -79,9 +83,6 @@ class Plan:
 
     def summary(self, max_rows: int = 20) -> str:
         """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""
-        from rich.console import Console
-        from rich.table import Table
-
         console = Console(file=io.StringIO(), width=130, record=True)
         axes = ", ".join(f"{n}={s} (a={a:g}, b={b:g})" for n, s, a, b in
                          zip(self.mesh.axis_names, self.mesh.shape, self.mesh.alpha, self.mesh.beta))
@@ -102,8 +103,6 @@ class Plan:
         console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()) +
                       ("" if self.origin == "solver" else f"   (plan from {self.origin}, not solved)"))
         if self.mesh_search:
-            from alpa_pass.plan.auto_mesh import search_summary
-
             console.print(search_summary(self.mesh_search, self.mesh.shape))
         if self.fallbacks:
             console.print("replicated (unknown to the core): " +
@@ -140,23 +139,23 @@ class Plan:
 
     def to_json(self) -> str:
         """The plan as JSON text (``Plan.from_json`` reads it back; layout in ``plan.serialize``)."""
-        from alpa_pass.plan.serialize import plan_to_json
+        return serialize.plan_to_json(self)
 
-        return plan_to_json(self)
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        """Rebuild a plan from ``plan.serialize.plan_to_dict``'s dict (PlanMismatchError if it is
+        not one)."""
+        return serialize.plan_from_dict(d, cls, NodeChoice)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         """Read a plan from ``to_json`` text. Raises PlanMismatchError for text that is not a plan
         of this format version; ``ShardParallel(plan=...)`` checks jax version, function and mesh."""
-        from alpa_pass.plan.serialize import plan_from_json
-
-        return plan_from_json(text)
+        return serialize.plan_from_json(text, cls, NodeChoice)
 
     def save(self, path) -> None:
         """Write ``to_json()`` to ``path`` (atomically: a half-written file never appears)."""
-        from alpa_pass.plan.cache import write_atomic
-
-        write_atomic(path, self.to_json())
+        serialize.write_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path) -> "Plan":
@@ -168,6 +167,23 @@ class Plan:
         return (f"Plan(mesh={self.mesh.shape}, objective={self.objective:.6g}, "
                 f"inputs={len(self.input_specs)}, outputs={len(self.output_specs)}, "
                 f"status={self.solver_status!r})")
+
+
+def search_summary(mesh_search: list, chosen: tuple | None = None) -> str:
+    """One line: each shape tried with its objective; ``chosen`` (a shape) and cut-off solves are
+    marked."""
+    parts = []
+    for e in mesh_search:
+        name = "x".join(map(str, e["shape"]))
+        if e.get("same_as"):
+            parts.append(f"{name} = {'x'.join(map(str, e['same_as']))}")
+        elif e["objective"] is None:
+            parts.append(f"{name} infeasible")
+        else:
+            mark = " (chosen)" if chosen is not None and tuple(e["shape"]) == tuple(chosen) else ""
+            mark += " (cut off)" if e.get("cut_off") else ""
+            parts.append(f"{name} {e['objective']:.6g}{mark}")
+    return "mesh search: " + ", ".join(parts)
 
 
 def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: dict) -> Plan:

@@ -16,21 +16,20 @@ A plan file is one JSON object, one top-level key per line (the large per-node a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import os
+import tempfile
 
+import jax
 import numpy as np
 
+from alpa_pass._version import __version__
 from alpa_pass.errors import PlanMismatchError
 from alpa_pass.mesh import LogicalMesh
 
 FORMAT = "alpa_pass.plan"
 FORMAT_VERSION = 1
 
-# Options that change what is planned are recorded (and key the cache); these only change how a
-# plan is shown, emitted or looked up.
-_NOT_PLANNING_OPTIONS = frozenset({"solver_log", "emit", "plan_cache_dir", "show_progress",
-                                   "solver_objective_bound"})
 # Plan fields stored in their own form (everything else must be JSON-native data).
 _SPECIAL_FIELDS = frozenset({"mesh", "choices", "input_specs", "output_specs", "emit_report"})
 _CHOICE_COLUMNS = ("kind", "label", "shape", "dtype_bytes", "strategy", "cost")
@@ -38,38 +37,12 @@ _CHOICE_COLUMNS = ("kind", "label", "shape", "dtype_bytes", "strategy", "cost")
 
 def versions() -> dict:
     """{"alpa_pass": version, "jax": version} of this process."""
-    import jax
-
-    import alpa_pass
-
-    return {"alpa_pass": alpa_pass.__version__, "jax": jax.__version__}
-
-
-def planning_options(option) -> dict:
-    """The fields of an ``AutoShardingOption`` that change the plan, as a JSON-ready dict."""
-    return {f.name: getattr(option, f.name) for f in dataclasses.fields(option)
-            if f.name not in _NOT_PLANNING_OPTIONS}
+    return {"alpa_pass": __version__, "jax": jax.__version__}
 
 
 def made_with(option) -> dict:
     """``Plan.made_with`` of a plan solved now with ``option``: versions and planning options."""
-    return {**versions(), "options": planning_options(option)}
-
-
-def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=()) -> str:
-    """Identity of a function signature as the planner sees it (stable across processes).
-
-    Args:
-      module_text: the first (unsharded) lowering's StableHLO without debug locations.
-      arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s or avals).
-      num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
-      donated: flat indices of donated argument leaves (donation changes memory liveness).
-    """
-    h = hashlib.sha256(module_text.encode())
-    for a in arg_avals:
-        h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
-    h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())
-    return h.hexdigest()
+    return {**versions(), "options": option.planning_fields()}
 
 
 def mesh_to_dict(mesh: LogicalMesh) -> dict:
@@ -85,12 +58,10 @@ def mesh_differences(saved: LogicalMesh, mesh: LogicalMesh) -> list[str]:
 
 def plan_to_dict(plan) -> dict:
     """The JSON-ready dict of a Plan (see the module docstring for the layout)."""
-    from alpa_pass.plan.plan import Plan
-
     out = {"format": FORMAT, "format_version": FORMAT_VERSION, "mesh": mesh_to_dict(plan.mesh),
            "input_specs": [_spec_entries(s) for s in plan.input_specs],
            "output_specs": [_spec_entries(s) for s in plan.output_specs]}
-    for f in dataclasses.fields(Plan):
+    for f in dataclasses.fields(plan):
         if f.name not in _SPECIAL_FIELDS:
             out[f.name] = getattr(plan, f.name)
     out["choices"] = {"kind": [c.kind for c in plan.choices], "label": [c.label for c in plan.choices],
@@ -107,20 +78,19 @@ def plan_to_json(plan) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def plan_from_json(text: str):
-    """Parse a plan file's text. Raises PlanMismatchError for text that is not a plan this
-    alpa_pass can read (not JSON, another format or format version, missing fields)."""
+def plan_from_json(text: str, plan_cls, choice_cls):
+    """Parse a plan file's text into a ``plan_cls`` (``Plan``) with ``choice_cls`` rows.
+
+    Raises PlanMismatchError for text that is not a plan this alpa_pass can read (not JSON, another format or format version, missing fields)."""
     try:
         d = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PlanMismatchError(f"not an alpa_pass plan (invalid JSON: {e}); re-plan and save it again") from e
-    return plan_from_dict(d)
+    return plan_from_dict(d, plan_cls, choice_cls)
 
 
-def plan_from_dict(d):
-    """Rebuild a Plan from :func:`plan_to_dict`'s dict (validates format and fields)."""
-    from alpa_pass.plan.plan import NodeChoice, Plan
-
+def plan_from_dict(d, plan_cls, choice_cls):
+    """Rebuild a ``plan_cls`` from :func:`plan_to_dict`'s dict (validates format and fields)."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise PlanMismatchError("not an alpa_pass plan (no 'format': 'alpa_pass.plan' header); "
                                 "save plans with Plan.to_json() or Plan.save()")
@@ -130,11 +100,11 @@ def plan_from_dict(d):
     try:
         mesh = LogicalMesh(shape=tuple(d["mesh"]["shape"]), alpha=tuple(d["mesh"]["alpha"]),
                            beta=tuple(d["mesh"]["beta"]), axis_names=tuple(d["mesh"]["axis_names"]))
-        fields = {f.name: d[f.name] for f in dataclasses.fields(Plan)
+        fields = {f.name: d[f.name] for f in dataclasses.fields(plan_cls)
                   if f.name not in _SPECIAL_FIELDS and (f.name in d or _required(f))}
         cols = d["choices"]
         rows = zip(*(cols[c] for c in _CHOICE_COLUMNS))
-        choices = [NodeChoice(node=v, kind=kind, label=label, shape=tuple(shape), dtype_bytes=int(nbytes),
+        choices = [choice_cls(node=v, kind=kind, label=label, shape=tuple(shape), dtype_bytes=int(nbytes),
                               spec=mesh.spec_to_partition_spec(fields["node_specs"][v], len(shape)),
                               strategy=strategy, cost=float(cost))
                    for v, (kind, label, shape, nbytes, strategy, cost) in enumerate(rows)]
@@ -147,7 +117,7 @@ def plan_from_dict(d):
         raise PlanMismatchError(f"alpa_pass plan file is corrupt: {len(choices)} choices, "
                                 f"{len(fields['node_specs'])} node specs, {len(fields['operand_specs'])} "
                                 f"operand specs; re-plan and save it again")
-    return Plan(mesh=mesh, choices=choices, input_specs=input_specs, output_specs=output_specs, **fields)
+    return plan_cls(mesh=mesh, choices=choices, input_specs=input_specs, output_specs=output_specs, **fields)
 
 
 def check_applicable(plan, *, fingerprint: str, mesh: LogicalMesh, num_nodes: int) -> None:
@@ -191,3 +161,17 @@ def _json_default(x):
     if isinstance(x, tuple):
         return list(x)
     raise TypeError(f"plan field value {x!r} ({type(x).__name__}) is not JSON data")
+
+
+def write_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory + ``os.replace``."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -33,7 +33,7 @@ class PluginConfig:
     """What ``JAX_PLUGINS=alpa_pass`` does, from the environment.
 
     Attributes:
-      method: "shard" (ShardParallel), "data" or "zero3" (presets: see plugin/presets.py).
+      method: "shard" (ShardParallel), "data" or "zero3" (presets: see methods/presets.py).
       mesh_shape: logical mesh shape, e.g. ``(2, 4)``; ``"auto"`` = search the shapes of the device
         count and keep the cheapest plan; ``None`` = all devices as ``1 x N``.
       memory_budget_bytes: per-device memory budget the plans must fit, or ``None``.
@@ -41,6 +41,8 @@ class PluginConfig:
       report_dir: directory that receives each plan's summary and JSON, or ``None``.
       log_level: level of the ``alpa_pass`` logger (a ``logging`` int), or ``None`` = untouched.
       min_bytes: computations whose arguments + results total fewer bytes run untouched.
+      reduce_scatter: ``AutoShardingOption.prefer_reduce_scatter`` (parameter-gradient partial
+        sums emitted as reduce-scatters).
     """
 
     method: str = "shard"
@@ -50,6 +52,7 @@ class PluginConfig:
     report_dir: str | None = None
     log_level: int | None = None
     min_bytes: int = DEFAULT_MIN_BYTES
+    reduce_scatter: bool = False
 
 
 def plugin_enabled(environ: Mapping[str, str]) -> bool:
@@ -78,6 +81,9 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
     if budget_bytes is not None and budget_bytes <= 0:
         raise PluginConfigError(f"ALPA_PASS_MEMORY_BUDGET={budget!r} must be a positive size")
     min_bytes = _get(environ, "ALPA_PASS_MIN_BYTES")
+    reduce_scatter = _get(environ, "ALPA_PASS_REDUCE_SCATTER") or "0"
+    if reduce_scatter not in ("0", "1"):
+        raise PluginConfigError(f"ALPA_PASS_REDUCE_SCATTER={reduce_scatter!r} must be 0 or 1")
     return PluginConfig(
         method=method,
         mesh_shape=mesh_shape,
@@ -85,7 +91,8 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
         cache_dir=_get(environ, "ALPA_PASS_CACHE") or None,
         report_dir=_get(environ, "ALPA_PASS_REPORT") or None,
         log_level=parse_log_level(_get(environ, "ALPA_PASS_LOG")),
-        min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES)
+        min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES,
+        reduce_scatter=reduce_scatter == "1")
 
 
 def parse_mesh(text: str | None) -> tuple[int, ...] | None:

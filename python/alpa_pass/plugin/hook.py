@@ -19,9 +19,9 @@ import dataclasses
 import hashlib
 import logging
 import threading
-import time
 
 from alpa_pass import _compat
+from alpa_pass.errors import AlpaPassError, MeshError
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
 
 log = logging.getLogger("alpa_pass")
@@ -67,7 +67,7 @@ class LoweringHook:
         self.config_error = config_error
         self.stats = Stats()
         self._cache: dict = {}
-        self._mesh = None
+        self._planner = None
         self._local = threading.local()
 
     def __call__(self, original, closed_jaxpr, api_name, fun_name, in_shardings, out_shardings,
@@ -136,11 +136,16 @@ class LoweringHook:
         return None
 
     def _plan_new(self, key, probe, original, args, kwargs):
-        from alpa_pass.errors import AlpaPassError, MeshError
+        if self._planner is None:
+            # The planner pulls in the C++ core, highspy and the MLIR walkers: imported at the first
+            # eligible computation, so that the entry point stays light (plugin/__init__.py).
+            from alpa_pass.plugin.planner import PluginPlanner
 
+            self._planner = PluginPlanner(self.config)
         self._local.busy = True
         try:
-            entry = self._plan(probe, original, args, kwargs)
+            plan, in_sh, computation = self._planner.plan(probe, original, args, kwargs, self.stats.planned)
+            entry = Entry(name=args[2], plan=plan, in_shardings=in_sh, computation=computation)
         except (PluginConfigError, MeshError):
             raise
         except AlpaPassError as e:
@@ -153,107 +158,6 @@ class LoweringHook:
         self._cache[key] = entry
         self.stats.planned += 1
         return entry.computation
-
-    def _plan(self, probe, original, args, kwargs) -> Entry:
-        """Plan the probe's module, lower with the plan's shardings and insert its constraints."""
-        from alpa_pass.emit.constraints import insert_constraints
-        from alpa_pass.extract.stablehlo import extract_graph
-        from alpa_pass.options import AutoShardingOption
-        from alpa_pass.plan.obtain import obtain_plan
-        from alpa_pass.plugin.presets import PRESET_METHODS, preset_option, preset_pins
-        from alpa_pass.plan.planner import constraint_targets, operand_targets
-        from alpa_pass.plan.serialize import fingerprint
-        from alpa_pass.runtime.multiprocess import check_same_plan
-
-        closed_jaxpr, _, name = args[:3]
-        option = AutoShardingOption(memory_budget_per_device=self.config.memory_budget_bytes,
-                                    plan_cache_dir=self.config.cache_dir)
-        timings = {}
-        t = time.perf_counter()
-        if _compat.const_args(probe):
-            from alpa_pass.errors import ExtractError
-            raise ExtractError("the lowering hoisted constants into arguments; not supported yet")
-        kept = _compat.kept_var_idx(probe)
-        graph = extract_graph(_compat.computation_module(probe))
-        timings["extract"] = time.perf_counter() - t
-        in_avals = [closed_jaxpr.in_avals[i] for i in kept]
-        ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
-        module = _compat.computation_module(probe)
-        digest = fingerprint(module.operation.get_asm(enable_debug_info=False), in_avals, graph.num_nodes)
-        pinned = ()
-        if self.config.method in PRESET_METHODS:
-            mesh = self.logical_mesh()
-            option = preset_option(self.config.method, option)
-            pinned = preset_pins(self.config.method, graph, ties, mesh)
-            digest = hashlib.sha256(f"{digest}|{self.config.method}|pinned={pinned}".encode()).hexdigest()
-        plan = obtain_plan(graph, self.logical_mesh(), option, ties, timings, digest, pinned=pinned)
-        mesh = plan.mesh  # the chosen one when ALPA_PASS_MESH=auto searched several
-        timings = plan.timings  # obtain_plan starts the plan's timings from a copy
-        check_same_plan(plan, "plan of a jax.jit computation")
-        t = time.perf_counter()
-        in_sh, out_sh = _entry_shardings(mesh, plan, kept, len(closed_jaxpr.in_avals))
-        computation = original(*args[:3], in_sh, out_sh, *args[5:], **kwargs)
-        plan.emit_report = insert_constraints(_compat.computation_module(computation), graph,
-                                              constraint_targets(graph, plan, mesh, option),
-                                              operand_dim_shardings=operand_targets(graph, plan, mesh))
-        timings["emit"] = time.perf_counter() - t
-        log.info("alpa_pass: planned %s on mesh %s in %.3f s (objective %.6g, %d constraints)",
-                 name, "x".join(map(str, mesh.shape)), sum(timings.values()), plan.objective,
-                 plan.emit_report.inserted)
-        if self.config.report_dir:
-            from alpa_pass.plugin.report import write_report
-            write_report(self.config.report_dir, self.stats.planned, name, plan)
-        return Entry(name=name, plan=plan, in_shardings=in_sh, computation=computation)
-
-    def logical_mesh(self):
-        """The LogicalMesh over all devices (``ALPA_PASS_MESH`` or ``1 x N``), or for ``auto`` the
-        tuple of candidate meshes of the device count; built once."""
-        if self._mesh is None:
-            import jax
-
-            from alpa_pass.mesh import LogicalMesh
-
-            n = len(jax.devices())
-            if self.config.mesh_shape == "auto":
-                from alpa_pass.plan.auto_mesh import candidate_meshes
-
-                self._mesh = candidate_meshes(n, tuple(jax.devices()))
-                return self._mesh
-            shape = self.config.mesh_shape or (1, n)
-            if _prod(shape) != n:
-                raise PluginConfigError(
-                    f"ALPA_PASS_MESH={'x'.join(map(str, shape))} has {_prod(shape)} positions but there "
-                    f"are {n} devices; give a shape whose product is {n} (e.g. 1x{n}) or unset it")
-            self._mesh = LogicalMesh(shape=shape, devices=tuple(jax.devices()))
-        return self._mesh
-
-
-def _entry_shardings(mesh, plan, kept, num_inputs):
-    """(in_shardings over all jaxpr inputs, out_shardings) as NamedShardings on the plan's mesh.
-
-    Inputs dropped as unused get a replicated sharding (jax drops it again)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    jmesh = mesh.jax_mesh()
-    by_input = dict(zip(kept, plan.input_specs))
-    in_sh = tuple(NamedSharding(jmesh, by_input.get(i, PartitionSpec())) for i in range(num_inputs))
-    out_sh = tuple(NamedSharding(jmesh, s) for s in plan.output_specs)
-    return in_sh, out_sh
-
-
-def _node_ties(graph, in_avals, out_avals) -> list[tuple[int, int]]:
-    """Output/input node pairs to give one sharding: each output leaf ties to the first unused
-    input leaf of the same shape and dtype, in order (the new ``state`` of a training step)."""
-    import jax
-
-    from alpa_pass.trace.lower import output_ties
-
-    def sds(avals):
-        return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals)
-
-    params, outputs = graph.param_nodes(), graph.output_nodes()
-    return [(outputs[o], params[i]) for o, i in output_ties(sds(in_avals), sds(out_avals))]
-
 
 def _cache_key(probe, args, kwargs):
     """The computation's identity: a digest of the module jax lowers without shardings (the same

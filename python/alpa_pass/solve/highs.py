@@ -8,8 +8,10 @@ import sys
 import tempfile
 import time
 
+import highspy
 import numpy as np
 
+from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 
 
@@ -50,10 +52,6 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
       InfeasibleError: HiGHS proved the problem infeasible.
       SolverError: HiGHS stopped without any feasible solution (time limit, error).
     """
-    import highspy
-
-    from alpa_pass import _core
-
     with _quiet_stdout(not options.log_to_console):
         h = highspy.Highs()  # HiGHS prints a banner from C++ on the first construction
     log_path = None

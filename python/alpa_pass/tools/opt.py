@@ -19,10 +19,16 @@ from typing import Callable, Optional
 
 from jaxlib.mlir import ir
 
+from alpa_pass.driver.planning import plan_request
+from alpa_pass.driver.request import PlanRequest
 from alpa_pass.emit.constraints import insert_constraints
+from alpa_pass.emit.entry_shardings import ensure_mesh, set_entry_shardings, set_num_partitions
+from alpa_pass.emit.plan_emission import emit_plan
 from alpa_pass.errors import AlpaPassError
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.extract.stablehlo import extract_graph, parse_module
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.options import AutoShardingOption
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +96,6 @@ def _mesh_floats(text: Optional[str], n: int, what: str):
 
 
 def _auto_shard(module: ir.Module, value: Optional[str], opts: argparse.Namespace) -> str:
-    from alpa_pass.emit.entry_shardings import ensure_mesh, set_entry_shardings, set_num_partitions
-    from alpa_pass.mesh import LogicalMesh
-    from alpa_pass.options import AutoShardingOption
-    from alpa_pass.plan.planner import constraint_targets, plan_graph
-
     try:
         shape = tuple(int(x) for x in value.lower().split("x"))
     except ValueError:
@@ -103,13 +104,15 @@ def _auto_shard(module: ir.Module, value: Optional[str], opts: argparse.Namespac
                        beta=_mesh_floats(opts.beta, len(shape), "beta"))
     graph = extract_graph(module, opts.entry)
     option = AutoShardingOption()
-    plan = plan_graph(graph, mesh, option)
+    request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), [], mesh, option,
+                                 name=opts.entry)
+    plan = plan_request(request)
     ensure_mesh(module, opts.mesh_name, dict(zip(mesh.axis_names, mesh.shape)))
     set_num_partitions(module, mesh.num_devices)
     dims = [mesh.dim_axes(plan.node_specs[v], len(graph.shape(v))) for v in range(graph.num_nodes)]
     set_entry_shardings(module, opts.entry, [dims[v] for v in graph.param_nodes()],
                         [dims[v] for v in graph.output_nodes()], opts.mesh_name)
-    report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option), opts.mesh_name)
+    report = emit_plan(module, graph, plan, option, mesh_name=opts.mesh_name, name=opts.entry)
     head = (f"// auto-shard: mesh {'x'.join(map(str, mesh.shape))}, objective {plan.objective:.6g}, "
             f"{report.inserted} constraints")
     return f"{head}\n{module}"

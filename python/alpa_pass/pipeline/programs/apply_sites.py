@@ -36,7 +36,7 @@ from collections import defaultdict
 
 from jax.extend.core import Literal
 
-from alpa_pass.pipeline.layers import var_bytes
+from alpa_pass.pipeline.partition.layers import var_bytes
 
 CROSS = "cross"
 FREE = "free"

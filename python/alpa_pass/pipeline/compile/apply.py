@@ -16,9 +16,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from alpa_pass.pipeline.apply import ApplyProgram, MarkerLayout
-from alpa_pass.pipeline.apply_sites import CROSS, FREE
-from alpa_pass.plan.planner import plan_and_compile
+from alpa_pass.driver.jit import plan_and_compile
+from alpa_pass.pipeline.programs.apply import ApplyProgram, MarkerLayout
+from alpa_pass.pipeline.programs.apply_sites import CROSS, FREE
 
 
 @dataclasses.dataclass

@@ -14,17 +14,18 @@ import time
 import jax
 import numpy as np
 
+from alpa_pass.driver.jit import plan_and_compile
+from alpa_pass.driver.request import donated_leaves
 from alpa_pass.errors import ShardingError
-from alpa_pass.pipeline import layers as layer_mod
-from alpa_pass.pipeline import stages as stage_mod
-from alpa_pass.pipeline.apply import MarkerLayout, build_apply
-from alpa_pass.pipeline.apply_compile import compile_apply, free_sharding, marker_layout
-from alpa_pass.pipeline.options import AutoStageOption, ManualStageOption, PipeshardParallel
-from alpa_pass.pipeline.program import StageFunctions, build_programs
-from alpa_pass.pipeline.schedule import clock, stage_orders
-from alpa_pass.pipeline.trace import TracedStep, trace_step
-from alpa_pass.plan.memory import donated_leaves
-from alpa_pass.plan.planner import plan_and_compile
+from alpa_pass.pipeline.compile.apply import compile_apply, free_sharding, marker_layout
+from alpa_pass.pipeline.options import AutoStageOption, ManualStageOption
+from alpa_pass.pipeline.partition import layers as layer_mod
+from alpa_pass.pipeline.partition import stages as stage_mod
+from alpa_pass.pipeline.partition.schedule import clock, stage_orders
+from alpa_pass.pipeline.partition.stage_search import auto_stages
+from alpa_pass.pipeline.programs.apply import MarkerLayout, build_apply
+from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
+from alpa_pass.pipeline.trace.step import TracedStep, trace_step
 from alpa_pass.trace.lower import output_ties
 
 
@@ -51,7 +52,7 @@ class PipeshardProgram:
     where FREE step outputs live (replicated over every stage's devices)."""
 
     traced: TracedStep
-    method: PipeshardParallel
+    method: object        # the PipeshardParallel
     layers: list
     stages: list          # CompiledStage
     apply: list           # CompiledApply
@@ -77,7 +78,7 @@ def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str):
     return out
 
 
-def compile_pipeshard(fn, args, method: PipeshardParallel, donate_argnums=()) -> PipeshardProgram:
+def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     """Trace, cut into layers and stages, plan and compile (see the module docstring).
     ``donate_argnums``: positions of ``args`` whose parameter/optimizer-state buffers the apply
     executables donate."""
@@ -114,8 +115,6 @@ def _stage_specs(traced, layers, cluster, method):
     if isinstance(option, ManualStageOption):
         return stage_mod.manual_stages(len(layers), cluster, option)
     if isinstance(option, AutoStageOption):
-        from alpa_pass.pipeline.stage_search import auto_stages
-
         return auto_stages(traced, layers, cluster, method)
     return stage_mod.uniform_stages(len(layers), cluster, option.num_stages)
 

@@ -17,6 +17,13 @@ The arguments follow Alpa's training-step convention ``train_step(state, batch)`
 ``state = (params, opt_state)``: ``batch_argnums`` says which arguments are batches and
 ``params_at`` where the parameter pytree sits inside the arguments; every other leaf of the
 non-batch arguments is optimizer (or other) state.
+
+The plugin (``ALPA_PASS_METHOD=data|zero3``) sees flat argument leaves, not pytrees: there
+:meth:`PresetParallel.pins_from_ties` takes the *state* to be the arguments whose new values the
+computation returns (the output ties) and the *batch* to be every other argument with a leading
+dim the device count divides; state is pinned as the preset pins parameters, except that ZeRO-3
+leaves 1-D state to the planner. ZeRO-2 needs to tell parameters from optimizer state, which flat
+leaves do not say.
 """
 from __future__ import annotations
 
@@ -24,13 +31,15 @@ import dataclasses
 
 import jax
 
+from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import ShardingError
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.options import AutoShardingOption, ParallelMethod, ShardParallel
+from alpa_pass.methods.shard import IntraOpMethod
+from alpa_pass.options import AutoShardingOption
 
 
 @dataclasses.dataclass(frozen=True)
-class PresetParallel(ParallelMethod):
+class PresetParallel(IntraOpMethod):
     """Shared fields of the presets.
 
     Attributes:
@@ -56,11 +65,12 @@ class PresetParallel(ParallelMethod):
         object.__setattr__(self, "batch_argnums", tuple(int(i) for i in self.batch_argnums))
         object.__setattr__(self, "params_at", tuple(int(i) for i in self.params_at))
 
-    def shard_parallel(self) -> ShardParallel:
-        """The ShardParallel that plans the unpinned values (with the preset's option changes)."""
-        return ShardParallel(mesh=self.mesh, option=self._option())
+    def resolved_mesh(self) -> LogicalMesh:
+        """The mesh (``None``: all devices as 1 x N)."""
+        return resolve_mesh(self.mesh)
 
-    def _option(self) -> AutoShardingOption:
+    def planning_option(self) -> AutoShardingOption:
+        """The planner options for the unpinned values (with the preset's changes)."""
         return self.option
 
     def _param_spec(self, shape, n: int):
@@ -90,6 +100,26 @@ class PresetParallel(ParallelMethod):
             out.append([dim if size > 1 else -1 for size in mesh.shape])
         return out
 
+    def pins_from_ties(self, graph, ties, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
+        """(parameter node, core spec) pins for an extracted plain-jit graph (the plugin): the tied
+        parameters are the state, every other parameter with a divisible dim 0 is the batch."""
+        n = mesh.num_devices
+        state = {param for _, param in ties}
+        pins = []
+        for v in graph.param_nodes():
+            shape = graph.shape(v)
+            if v in state:
+                dim = self._flat_state_spec(shape, n)
+            else:
+                dim = 0 if shape and shape[0] % n == 0 and n > 1 else None
+            if dim is not None:
+                pins.append((v, [dim if size > 1 else -1 for size in mesh.shape]))
+        return pins
+
+    def _flat_state_spec(self, shape, n: int):
+        """The state dim under ``pins_from_ties`` (None: left to the planner)."""
+        return self._param_spec(shape, n)
+
 
 @dataclasses.dataclass(frozen=True)
 class DataParallel(PresetParallel):
@@ -112,8 +142,13 @@ class Zero2Parallel(PresetParallel):
     def _param_spec(self, shape, n):
         return -1
 
-    def _option(self):
+    def planning_option(self):
         return dataclasses.replace(self.option, merge_followers=False, prefer_reduce_scatter=True)
+
+    def pins_from_ties(self, graph, ties, mesh):
+        raise ShardingError("Zero2Parallel needs to tell parameters from optimizer state, which the flat "
+                            "arguments of a plain jax.jit do not say; use "
+                            "ap.parallelize(step, method=ap.Zero2Parallel())")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +159,11 @@ class Zero3Parallel(PresetParallel):
     def _param_spec(self, shape, n):
         return zero_dim(shape, n) if len(shape) > 1 else -1
 
-    def _option(self):
+    def planning_option(self):
         return dataclasses.replace(self.option, merge_followers=False)
+
+    def _flat_state_spec(self, shape, n):
+        return self._param_spec(shape, n) if len(shape) > 1 else None
 
 
 def zero_dim(shape: tuple[int, ...], n: int) -> int:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Literal
 
-from alpa_pass.pipeline.trace import eval_eqns
+from alpa_pass.pipeline.trace.step import eval_eqns
 
 
 def _is_float(v) -> bool:

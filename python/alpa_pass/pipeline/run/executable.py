@@ -22,10 +22,12 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import SingleDeviceSharding
 
-from alpa_pass.pipeline.apply_sites import FREE
-from alpa_pass.pipeline.compile import PipeshardProgram, compile_pipeshard
-from alpa_pass.pipeline.cross_process import settle
-from alpa_pass.pipeline.transfer import assemble_replicas, transfer_many
+from alpa_pass.pipeline.programs.apply_sites import FREE
+from alpa_pass.pipeline.compile.pipeshard import PipeshardProgram, compile_pipeshard
+from alpa_pass.pipeline.run.cross_process import settle
+from alpa_pass.pipeline.run.report import PipelinePlan
+from alpa_pass.pipeline.run.transfer import assemble_replicas, transfer_many
+from alpa_pass.runtime.multiprocess import compare_digests, gather_digests
 
 
 class PipeshardExecutable:
@@ -37,8 +39,6 @@ class PipeshardExecutable:
     """
 
     def __init__(self, program: PipeshardProgram, in_treedef):
-        from alpa_pass.pipeline.report import PipelinePlan
-
         self.program = program
         self._in_treedef = in_treedef
         self.plan = PipelinePlan.from_program(program)
@@ -209,8 +209,6 @@ def build_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardExecutable:
     the plans are compared (PlanDivergedError on every rank if they differ)."""
     exe = PipeshardExecutable(compile_pipeshard(fn, args, method, donate_argnums), jax.tree.structure(args))
     if jax.process_count() > 1:  # every process must run the same stages, schedule and plans
-        from alpa_pass.runtime.multiprocess import compare_digests, gather_digests
-
         name = getattr(fn, "__qualname__", "fn")
         compare_digests(gather_digests(exe.plan.digest), f"pipeline plan of {name}")
     return exe

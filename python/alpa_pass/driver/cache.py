@@ -13,11 +13,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 
 from alpa_pass.errors import PlanMismatchError
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.plan import serialize
+from alpa_pass.plan.plan import Plan
 
 log = logging.getLogger("alpa_pass")
 
@@ -26,7 +26,7 @@ def cache_key(fingerprint: str, mesh: LogicalMesh, option) -> str:
     """Hex name of the cache entry for this signature, mesh and planning options."""
     blob = json.dumps({"format_version": serialize.FORMAT_VERSION, "versions": serialize.versions(),
                        "fingerprint": fingerprint, "mesh": serialize.mesh_to_dict(mesh),
-                       "options": serialize.planning_options(option)}, sort_keys=True, default=str)
+                       "options": option.planning_fields()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
 
 
@@ -49,9 +49,9 @@ def load_cached(cache_dir, fingerprint: str, mesh: LogicalMesh, option, num_node
         log.warning("alpa_pass: cannot read plan cache entry %s (%s); planning again", path, e)
         return None
     try:
-        plan = serialize.plan_from_json(text)
+        plan = Plan.from_json(text)
         serialize.check_applicable(plan, fingerprint=fingerprint, mesh=mesh, num_nodes=num_nodes)
-        options = serialize.planning_options(option)
+        options = option.planning_fields()
         if json.loads(json.dumps(options, default=str)) != plan.made_with.get("options"):
             raise PlanMismatchError(f"it was planned with options {plan.made_with.get('options')}, "
                                     f"not {options}")
@@ -69,22 +69,8 @@ def store_cached(cache_dir, plan, option) -> str | None:
     path = entry_path(cache_dir, plan.fingerprint, plan.mesh, option)
     try:
         os.makedirs(os.fspath(cache_dir), exist_ok=True)
-        write_atomic(path, plan.to_json())
+        serialize.write_atomic(path, plan.to_json())
     except OSError as e:
         log.warning("alpa_pass: cannot write plan cache entry %s (%s); the plan is not cached", path, e)
         return None
     return path
-
-
-def write_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory + ``os.replace``."""
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

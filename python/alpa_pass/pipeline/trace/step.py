@@ -16,7 +16,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, subjaxprs
 
 from alpa_pass.errors import TraceError
-from alpa_pass.pipeline.markers import GradInfo, boundary_p, grad_marker_p, recording_boundaries, recording_grads
+from alpa_pass.pipeline.trace.markers import GradInfo, boundary_p, grad_marker_p, recording_boundaries, recording_grads
 from alpa_pass.trace.lower import fn_name
 
 

@@ -6,6 +6,8 @@ import hashlib
 import io
 import json
 
+from alpa_pass.runtime.multiprocess import plan_digest
+
 
 @dataclasses.dataclass
 class StageReport:
@@ -108,8 +110,6 @@ class PipelinePlan:
 
 
 def _digest(program, stages) -> str:
-    from alpa_pass.runtime.multiprocess import plan_digest
-
     body = {"stages": [[list(s.layers), list(s.physical_shape), list(s.logical_shape), list(s.devices)]
                        for s in stages],
             "schedule": [program.method.pipeline_schedule, program.method.num_micro_batches],

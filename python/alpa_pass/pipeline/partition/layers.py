@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
+from alpa_pass import _core
 from alpa_pass.errors import TraceError
-from alpa_pass.pipeline.markers import boundary_p
+from alpa_pass.pipeline.trace.markers import boundary_p
 
 
 def manual_layers(loss: ClosedJaxpr) -> list[list]:
@@ -55,8 +56,6 @@ def auto_layers(loss: ClosedJaxpr, layer_num: int, eps: float) -> list[list]:
     (loss inputs excluded: every stage reads its own copy). Each layer may hold at most
     ``(1 + eps) * total / layer_num`` FLOPs (relaxed to the largest single equation if needed).
     """
-    from alpa_pass import _core
-
     eqns = [e for e in loss.jaxpr.eqns if e.primitive is not boundary_p]
     if layer_num > len(eqns):
         raise TraceError(f"AutoLayerOption(layer_num={layer_num}) asks for more layers than the loss has "

@@ -88,22 +88,5 @@ def search_meshes(meshes, plan_one):
     return best
 
 
-def search_summary(mesh_search: list, chosen: tuple | None = None) -> str:
-    """One line: each shape tried with its objective; ``chosen`` (a shape) and cut-off solves are
-    marked."""
-    parts = []
-    for e in mesh_search:
-        name = "x".join(map(str, e["shape"]))
-        if e.get("same_as"):
-            parts.append(f"{name} = {'x'.join(map(str, e['same_as']))}")
-        elif e["objective"] is None:
-            parts.append(f"{name} infeasible")
-        else:
-            mark = " (chosen)" if chosen is not None and tuple(e["shape"]) == tuple(chosen) else ""
-            mark += " (cut off)" if e.get("cut_off") else ""
-            parts.append(f"{name} {e['objective']:.6g}{mark}")
-    return "mesh search: " + ", ".join(parts)
-
-
 def _symmetry_key(mesh: LogicalMesh):
     return tuple(sorted((s, a, b) for s, a, b in zip(mesh.shape, mesh.alpha, mesh.beta) if s > 1))

@@ -1,5 +1,4 @@
-"""Memory-aware planning: which argument leaves are donated, and the solve that turns a memory
-budget no plan meets into an ``InfeasibleError`` naming the smallest budget that is feasible.
+"""Memory-aware solving: the solve that turns a memory budget no plan meets into an ``InfeasibleError`` naming the smallest budget that is feasible.
 
 The memory model itself (which values XLA materialises, their live ranges, the budget rows) lives
 in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
@@ -8,23 +7,9 @@ from __future__ import annotations
 
 import math
 
-import jax
-
+from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve.highs import Solution, SolveOptions, solve_ilp
-
-
-def donated_leaves(args, donate_argnums) -> list[int]:
-    """Flat indices into ``jax.tree.leaves(args)`` of the leaves of the positional arguments in
-    ``donate_argnums`` (what the C++ core calls ``donated_args``)."""
-    donate = set(donate_argnums)
-    out, offset = [], 0
-    for i, arg in enumerate(args):
-        n = len(jax.tree.leaves(arg))
-        if i in donate:
-            out.extend(range(offset, offset + n))
-        offset += n
-    return out
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
@@ -56,8 +41,6 @@ def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
     """The least per-device peak any plan of ``problem`` reaches (None if no plan exists at all,
     e.g. contradictory ties). Solves "minimise M, every memory row <= M" (same one-hot and tie
     constraints, no costs); within the solver's gap of the optimum."""
-    from alpa_pass import _core
-
     try:
         solution = solve_ilp(_core.min_max_row_problem(problem.ilp), options)
     except (InfeasibleError, SolverError):

@@ -25,11 +25,9 @@ import functools
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from alpa_pass.pipeline.cross_process import device_put_many, settle
+from alpa_pass.pipeline.options import TRANSFER_MODES
+from alpa_pass.pipeline.run.cross_process import device_put_many, settle
 from alpa_pass.runtime.multiprocess import identity_onto
-
-TRANSFER_MODES = ("send_once_gather", "direct")
-
 
 def transfer(x, sharding, mode: str = "send_once_gather"):
     """``x`` placed with ``sharding`` (no copy when it already is)."""

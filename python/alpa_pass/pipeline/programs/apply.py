@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from jax.extend.core import Literal
 
 from alpa_pass.errors import TraceError
-from alpa_pass.pipeline.apply_sites import CROSS, FREE, Sites, assign_sites, in_vars
-from alpa_pass.pipeline.trace import TracedStep, eval_eqns, num_aux
+from alpa_pass.pipeline.programs.apply_sites import CROSS, FREE, Sites, assign_sites, in_vars
+from alpa_pass.pipeline.trace.step import TracedStep, eval_eqns, num_aux
 
 
 @dataclasses.dataclass(frozen=True)

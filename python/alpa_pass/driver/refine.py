@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
@@ -113,9 +114,8 @@ def _skip_reason(option, problem) -> str | None:
 def _refine_solve_options(option) -> SolveOptions:
     """``solver_time_limit_s`` when refinement is forced (True), at most REFINE_TIME_LIMIT_S on "auto"."""
     limit = option.solver_time_limit_s
-    return SolveOptions(time_limit_s=limit if option.refine_unmerged is True else min(limit, REFINE_TIME_LIMIT_S),
-                        rel_gap=option.solver_rel_gap, threads=option.solver_threads,
-                        log_to_console=option.solver_log)
+    return dataclasses.replace(option.solve_options(limit if option.refine_unmerged is True else
+                                                    min(limit, REFINE_TIME_LIMIT_S)), objective_bound=None)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):
@@ -151,8 +151,6 @@ def expand_assignment(merged, assignment, unmerged, num_nodes: int):
 def check_same_objective(unmerged, start, merged_objective: float) -> None:
     """Raise SolverError unless ``start`` is feasible in ``unmerged`` with the merged objective
     (within 1e-6 relative)."""
-    from alpa_pass import _core
-
     result = _core.evaluate(unmerged.ilp, np.asarray(start, dtype=np.int64))
     if result.violations or abs(result.objective - merged_objective) > _REL_TOL * max(1.0, abs(merged_objective)):
         raise SolverError(f"the merged plan expanded to the unmerged ILP has objective {result.objective:.9g} "

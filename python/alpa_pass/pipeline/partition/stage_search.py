@@ -13,9 +13,11 @@ import itertools
 import jax
 import numpy as np
 
-from alpa_pass.pipeline import stages as stage_mod
-from alpa_pass.pipeline.layers import var_bytes
-from alpa_pass.pipeline.program import StageFunctions, build_programs
+from alpa_pass import _core
+from alpa_pass.driver.jit import make_plan
+from alpa_pass.pipeline.partition import stages as stage_mod
+from alpa_pass.pipeline.partition.layers import var_bytes
+from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
 
 
 def submesh_choices(cluster) -> list[tuple[int, int]]:
@@ -39,8 +41,6 @@ def candidate_program(loss, layers, i: int, j: int, diff_mask):
 
 def stage_cost(traced, program, mesh, method) -> float:
     """Predicted latency of one candidate stage (forward + backward) on ``mesh``."""
-    from alpa_pass.plan.planner import make_plan
-
     fns = StageFunctions(program, dict(zip(traced.loss.jaxpr.constvars, traced.loss.consts)))
     marker = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.loss.jaxpr.invars]
     ins = [marker[program.sources[v][1]] if program.sources[v][0] == "arg" else
@@ -89,8 +89,6 @@ def cost_table(traced, layers, cluster, method):
 
 def auto_stages(traced, layers, cluster, method) -> list:
     """StageSpecs chosen by the stage-submesh DP."""
-    from alpa_pass import _core
-
     cost, logical, choices = cost_table(traced, layers, cluster, method)
     sizes = np.array([p[0] * p[1] for p in choices], np.int64)
     _, _, picked = _core.stage_dp(cost, sizes, cluster.num_devices, method.num_micro_batches)

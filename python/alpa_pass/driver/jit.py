@@ -1,0 +1,85 @@
+"""The front door for Python functions: ``fn(*args)`` traced, planned, emitted and compiled.
+
+``ShardParallel``, the presets and every pipeline stage (forward, backward, apply) go through
+:func:`plan_and_compile`; ``ParallelizedFunction.plan`` and the stage search through
+:func:`make_plan`. Both build one ``PlanRequest`` (``driver.request``) for
+``driver.planning.plan_request`` and emit with ``emit.plan_emission.emit_plan``.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+from jax.sharding import NamedSharding
+
+from alpa_pass import _compat
+from alpa_pass.driver.progress import planning_progress
+from alpa_pass.driver.planning import plan_request
+from alpa_pass.driver.request import PlanRequest, donated_leaves, node_pins, node_ties
+from alpa_pass.emit.plan_emission import emit_plan
+from alpa_pass.errors import CompileError, ExtractError
+from alpa_pass.extract.stablehlo import extract_graph
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan.plan import Plan
+from alpa_pass.trace.lower import fn_name, lower
+
+
+def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None = None,
+              donate_argnums=(), pinned_args=None):
+    """Trace, extract, build and solve: the Plan for ``fn(*args)`` (nothing compiled).
+
+    Returns (plan, graph, out_treedef).
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s (planning needs no memory).
+    ``meshes``: a LogicalMesh, or a tuple of candidates (the cheapest plan is kept,
+    ``plan.mesh_search`` lists them). ``saved``: a Plan to apply instead of solving
+    (PlanMismatchError unless it was made for this function signature, mesh and jax).
+    ``donate_argnums``: positions of ``args`` whose buffers are donated (memory liveness).
+    ``pinned_args``: one core spec (tensor dim per mesh axis, -1 = none) or None per flat argument
+    leaf: the leaf's layout is forced (presets); part of the plan's fingerprint.
+    """
+    with planning_progress(option.show_progress) as progress:
+        timings = {}
+        progress.stage("trace")
+        t = time.perf_counter()
+        lowered = lower(fn, args)
+        timings["trace"] = time.perf_counter() - t
+
+        progress.stage("extract")
+        t = time.perf_counter()
+        graph = extract_graph(lowered.compiler_ir("stablehlo"))
+        leaves = jax.tree.leaves(args)
+        if graph.num_args != len(leaves):
+            raise ExtractError(f"{fn_name(fn)} lowered to {graph.num_args} module arguments but has "
+                               f"{len(leaves)} argument leaves; alpa_pass needs them to correspond")
+        graph.donated_args = donated_leaves(args, donate_argnums)
+        timings["extract"] = time.perf_counter() - t
+        ties = node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
+        request = PlanRequest.create(graph, lowered.as_text(debug_info=False), leaves, meshes, option,
+                                     ties=ties, pins=node_pins(graph, pinned_args), name=fn_name(fn),
+                                     saved=saved, timings=timings)
+        plan = plan_request(request, progress)
+    return plan, graph, lowered.out_tree
+
+
+def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnums=(),
+                     saved: Plan | None = None, pinned_args=None) -> tuple[Plan, object]:
+    """Plan ``fn(*args)`` (see :func:`make_plan`) and compile it for ``plan.mesh``.
+    Returns (plan, jax ``Compiled``)."""
+    plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
+                                      pinned_args=pinned_args)
+    jmesh = plan.mesh.jax_mesh()
+    t = time.perf_counter()
+    treedef = jax.tree.structure(args)
+    in_sh = tuple(jax.tree.unflatten(treedef, [NamedSharding(jmesh, s) for s in plan.input_specs]))
+    out_sh = jax.tree.unflatten(out_tree, [NamedSharding(jmesh, s) for s in plan.output_specs])
+    lowered = lower(fn, args, donate_argnums=donate_argnums, in_shardings=in_sh, out_shardings=out_sh)
+    plan.emit_report = emit_plan(_compat.lowered_module(lowered), graph, plan, option, name=fn_name(fn))
+    plan.timings["emit"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # XLA raises its own (XlaRuntimeError, ValueError) types
+        raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {plan.mesh.shape}: {e}") from e
+    plan.timings["compile"] = time.perf_counter() - t
+    return plan, compiled

@@ -1,0 +1,151 @@
+"""The one planning entry: a ``PlanRequest`` in, a ``Plan`` out.
+
+``plan_request`` decides where the plan comes from — a saved plan (checked), the on-disk cache,
+or the solver; over one mesh or, for a tuple of candidate meshes, the cheapest of them — and makes
+every process of a multi-process job agree on it. ``solve_graph`` is the solver path: build the
+ILP in the C++ core, solve it under the memory budget (HiGHS), refine it unmerged, decode it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from alpa_pass import _core
+from alpa_pass.driver import cache
+from alpa_pass.driver.auto_mesh import search_meshes
+from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.progress import planning_progress
+from alpa_pass.driver.refine import refine_unmerged
+from alpa_pass.driver.request import PlanRequest
+from alpa_pass.errors import InfeasibleError, ShardingError
+from alpa_pass.extract.graph import OpGraph
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan import serialize
+from alpa_pass.plan.plan import Plan, build_plan
+from alpa_pass.runtime.multiprocess import check_same_plan
+
+log = logging.getLogger("alpa_pass")
+
+
+def plan_request(request: PlanRequest, progress=None) -> Plan:
+    """The Plan for ``request``; every process of the job gets the same one (PlanDivergedError).
+
+    The plan's ``mesh`` is the mesh to compile for (the chosen one of several candidates), its
+    ``origin`` says where it came from ("saved", "cache" or "solver"), its ``fingerprint`` is the
+    request's and its ``timings`` start from a copy of ``request.timings``.
+    ``progress``: a ``driver.progress.PlanningProgress`` already showing earlier phases (else one
+    is opened for the build and solve).
+    """
+    if progress is None:
+        with planning_progress(request.option.show_progress) as progress:
+            return plan_request(request, progress)
+    if request.saved is not None:
+        plan = _apply_saved(request)
+    elif isinstance(request.meshes, LogicalMesh):
+        plan = _plan_one(request, request.meshes, request.option, progress)
+    else:
+        def bounded(mesh, bound):  # a mesh that cannot beat the best so far is cut off early
+            option = request.option if bound is None else \
+                dataclasses.replace(request.option, solver_objective_bound=bound)
+            return _plan_one(request, mesh, option, progress)
+
+        plan = search_meshes(tuple(request.meshes), bounded)
+    check_same_plan(plan, f"plan of {request.name}")
+    return plan
+
+
+def _plan_one(request: PlanRequest, mesh: LogicalMesh, option: AutoShardingOption, progress) -> Plan:
+    """The cached plan for (fingerprint, mesh, option) if ``option.plan_cache_dir`` holds a valid
+    one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled, unless
+    the solve was cut off by ``option.solver_objective_bound``: then it is no optimum)."""
+    timings = dict(request.timings)
+    if option.plan_cache_dir is not None:
+        t = time.perf_counter()
+        plan = cache.load_cached(option.plan_cache_dir, request.fingerprint, mesh, option, request.graph.num_nodes)
+        if plan is not None:
+            timings["cache"] = time.perf_counter() - t
+            plan.timings = timings
+            return plan
+    plan = solve_graph(request.graph, mesh, option, request.ties, timings, progress, request.pins)
+    plan.fingerprint = request.fingerprint
+    bound = option.solver_objective_bound
+    if option.plan_cache_dir is not None and (bound is None or plan.objective < bound):
+        cache.store_cached(option.plan_cache_dir, plan, option)
+    return plan
+
+
+def _apply_saved(request: PlanRequest) -> Plan:
+    """A copy of ``request.saved`` for the request's mesh (its devices), after checking jax
+    version, fingerprint and mesh (PlanMismatchError) and that every spec divides its tensor."""
+    mesh = request.meshes
+    if not isinstance(mesh, LogicalMesh):
+        raise TypeError("a saved plan is applied to one LogicalMesh, not a mesh search")
+    serialize.check_applicable(request.saved, fingerprint=request.fingerprint, mesh=mesh,
+                               num_nodes=request.graph.num_nodes)
+    plan = dataclasses.replace(request.saved, mesh=mesh, timings=dict(request.timings), origin="saved",
+                               emit_report=None)
+    check_divisible(request.graph, plan, mesh)
+    return plan
+
+
+def core_graph(graph: OpGraph):
+    """The C++ view of an OpGraph (arrays copied once)."""
+    return _core.Graph(graph.kind, graph.dtype_bytes, graph.shape_offsets, graph.shape_dims,
+                       graph.operand_offsets, graph.operand_ids, graph.attr_offsets, graph.attrs)
+
+
+def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
+                ties=(), timings: dict | None = None, progress=None, pins=()) -> Plan:
+    """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
+
+    ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
+    ``progress``: a ``driver.progress.PlanningProgress`` told each stage (optional).
+    ``pins``: (node, core spec) pairs the node's result must have (ValueError naming the node
+    if it has no such strategy).
+    """
+    timings = {} if timings is None else timings
+    where = "x".join(map(str, mesh.shape))
+    if progress is not None:
+        progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
+    t = time.perf_counter()
+
+    def build(opt):
+        return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
+                                            list(graph.donated_args), [(int(v), list(s)) for v, s in pins])
+    problem = build(option)
+    timings["build"] = time.perf_counter() - t
+    if progress is not None:
+        progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
+    try:
+        solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where)
+    except InfeasibleError:
+        if option.memory_budget_per_device is None or not option.tie_repeated_layers:
+            raise
+        # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
+        log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
+        return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
+                           timings, progress, pins)
+    timings["solve"] = solution.solve_time_s
+    problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
+    if "time_s" in refinement:
+        timings["refine"] = refinement["time_s"]
+    plan = build_plan(graph, problem, solution, mesh, timings)
+    plan.refinement = refinement
+    plan.made_with = serialize.made_with(option)
+    check_divisible(graph, plan, mesh)
+    return plan
+
+
+def check_divisible(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> None:
+    """Defensive check that every chosen spec divides its tensor (the core guarantees it)."""
+    for v in range(graph.num_nodes):
+        shape = graph.shape(v)
+        for dim, axes in enumerate(mesh.dim_axes(plan.node_specs[v], len(shape))):
+            n = int(np.prod([mesh.shape[mesh.axis_names.index(a)] for a in axes])) if axes else 1
+            if shape[dim] % n:
+                raise ShardingError(f"plan splits dim {dim} of {graph.labels[v]} {shape} over {axes} "
+                                    f"({n} devices), which does not divide it")

@@ -1,0 +1,101 @@
+"""A plan request: everything that decides a plan, gathered once by each front door.
+
+Every front door (``ShardParallel`` and the presets, pipeline stages, the plugin's lowering hook,
+``alpa-pass-opt --auto-shard``) extracts its module to an ``OpGraph``, builds a ``PlanRequest``
+with :meth:`PlanRequest.create` and hands it to ``driver.planning.plan_request``. The request's
+``fingerprint`` (:func:`fingerprint`) identifies it for saved plans and the plan cache.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import jax
+
+from alpa_pass.extract.graph import OpGraph
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan.plan import Plan
+from alpa_pass.trace.lower import output_ties
+
+
+@dataclasses.dataclass
+class PlanRequest:
+    """What to plan.
+
+    Attributes:
+      graph: the extracted OpGraph of the unsharded module (``graph.donated_args`` set).
+      meshes: one LogicalMesh, or a tuple of candidates (the cheapest plan is kept).
+      option: the planner options.
+      ties: (node, node) pairs whose specs must be equal (outputs tied to the inputs they update).
+      pins: (node, core spec) pairs: forced layouts (presets, pipeline parameters).
+      fingerprint: the request's identity (see :func:`fingerprint`); keys saved plans and the cache.
+      name: the planned function's name (messages, logs).
+      saved: a Plan to apply instead of solving (checked against the fingerprint and mesh).
+      timings: seconds of the phases run before planning ("trace", "extract").
+    """
+
+    graph: OpGraph
+    meshes: LogicalMesh | tuple
+    option: AutoShardingOption
+    ties: tuple = ()
+    pins: tuple = ()
+    fingerprint: str = ""
+    name: str = "fn"
+    saved: Plan | None = None
+    timings: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def create(cls, graph: OpGraph, module_text: str, arg_avals, meshes, option: AutoShardingOption, *,
+               ties=(), pins=(), name: str = "fn", saved: Plan | None = None, timings=None) -> "PlanRequest":
+        """A request whose fingerprint covers the module, the argument avals, the donated
+        arguments (``graph.donated_args``) and the pins."""
+        ties, pins = tuple(ties), tuple((int(v), tuple(int(a) for a in s)) for v, s in pins)
+        digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins)
+        return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
+                   name=name, saved=saved, timings=dict(timings or {}))
+
+
+def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()) -> str:
+    """Identity of a plan request as the planner sees it (stable across processes).
+
+    Args:
+      module_text: the unsharded lowering's StableHLO without debug locations.
+      arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s or avals).
+      num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
+      donated: flat indices of donated argument leaves (donation changes memory liveness).
+      pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
+    """
+    h = hashlib.sha256(module_text.encode())
+    for a in arg_avals:
+        h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
+    h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())
+    if pins:
+        h.update(f"|pinned={[(int(v), list(s)) for v, s in pins]}".encode())
+    return h.hexdigest()
+
+
+def node_ties(graph: OpGraph, args, outputs) -> list[tuple[int, int]]:
+    """(output node, parameter node) pairs of the output leaves that are new values of argument
+    leaves (``trace.lower.output_ties`` on the pytrees ``args`` and ``outputs``)."""
+    params, outs = graph.param_nodes(), graph.output_nodes()
+    return [(outs[o], params[i]) for o, i in output_ties(args, outputs)]
+
+
+def node_pins(graph: OpGraph, leaf_specs) -> list[tuple[int, list[int]]]:
+    """(parameter node, core spec) for each argument leaf whose spec is not None."""
+    params = graph.param_nodes()
+    return [(params[i], list(s)) for i, s in enumerate(leaf_specs or ()) if s is not None]
+
+
+def donated_leaves(args, donate_argnums) -> list[int]:
+    """Flat indices into ``jax.tree.leaves(args)`` of the leaves of the positional arguments in
+    ``donate_argnums`` (what the C++ core calls ``donated_args``)."""
+    donate = set(donate_argnums)
+    out, offset = [], 0
+    for i, arg in enumerate(args):
+        n = len(jax.tree.leaves(arg))
+        if i in donate:
+            out.extend(range(offset, offset + n))
+        offset += n
+    return out

@@ -1,0 +1,58 @@
+"""Which values and uses emission constrains, and to what: a Plan turned into per-dim mesh axes.
+
+``constraint_targets`` gives the layout of each planned value (``emit.constraints`` inserts one
+``sdy.sharding_constraint`` after it); ``operand_targets`` gives use-site layouts, where a consumer
+reads an operand resharded. Both are per-dim tuples of mesh axis names (``LogicalMesh.dim_axes``).
+"""
+from __future__ import annotations
+
+from alpa_pass.emit.constraints import slice_first
+from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.mesh import LogicalMesh
+
+ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
+USE_SITE_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.GATHER, OpKind.SCATTER)
+
+
+def constraint_targets(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all") -> dict:
+    """Node id -> per-dim mesh axis names, for every node emission should constrain (``emit``:
+    "all" planned values, or only the "anchors": dots, convolutions, reduces, gathers, scatters)."""
+    skip = (OpKind.PARAMETER, OpKind.OUTPUT, OpKind.GENERATOR)
+    out = {}
+    for v in range(graph.num_nodes):
+        kind = OpKind(int(graph.kind[v]))
+        if kind in skip or (emit == "anchors" and kind not in ANCHOR_KINDS):
+            continue
+        out[v] = mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)))
+    return out
+
+
+def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
+    """(node, operand index) -> dims, where an anchor op (dot, convolution, gather, scatter) reads
+    an operand in another layout than its producer's: pin the layout the plan reshards it to, so
+    XLA does exactly the planned resharding (and never partitions, e.g., a gather whose indices and
+    operand disagree on batching dims — XLA 0.10 computes that wrongly on CPU). Other nodes get
+    one only where their operand's resharding slices and gathers (``_slice_first_targets``)."""
+    out = {}
+    for v in range(graph.num_nodes):
+        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
+            out.update(_slice_first_targets(graph, plan, mesh, v))
+            continue
+        for t, u in enumerate(graph.operands(v)):
+            want = plan.operand_specs[v][t]
+            if want != plan.node_specs[u] and OpKind(int(graph.kind[u])) != OpKind.GENERATOR:
+                out[(v, t)] = mesh.dim_axes(want, len(graph.shape(u)))
+    return out
+
+
+def _slice_first_targets(graph: OpGraph, plan, mesh: LogicalMesh, v: int) -> dict:
+    """Use-site layouts for the operands of a non-anchor node ``v`` whose planned resharding both
+    slices and gathers: the slice-first intermediate (``emit.constraints.slice_first``)."""
+    out = {}
+    for t, u in enumerate(graph.operands(v)):
+        if OpKind(int(graph.kind[u])) in (OpKind.GENERATOR, OpKind.PARAMETER):
+            continue
+        mid = slice_first(plan.node_specs[u], plan.operand_specs[v][t], graph.shape(u), mesh.shape)
+        if mid is not None:
+            out[(v, t)] = mesh.dim_axes(mid, len(graph.shape(u)))
+    return out

@@ -1,0 +1,21 @@
+"""The base of the parallel methods ``parallelize`` accepts: each builds its own executable."""
+from __future__ import annotations
+
+
+class ParallelMethod:
+    """A way to run a function on many devices.
+
+    Subclasses implement :meth:`build_executable`; those whose result is one intra-op plan
+    (``ShardParallel`` and the presets) also implement :meth:`plan`.
+    """
+
+    def build_executable(self, fn, args, donate_argnums):
+        """Plan and compile ``fn(*args)`` (``args``: the dynamic arguments, a tuple; arrays or
+        ``jax.ShapeDtypeStruct``s) and return a callable executable with a ``plan``.
+        ``donate_argnums``: positions in ``args`` whose buffers the executable may reuse."""
+        raise NotImplementedError(f"{type(self).__name__} does not build executables")
+
+    def plan_for(self, fn, args, donate_argnums):
+        """Plan only (nothing compiled) and return the Plan."""
+        raise TypeError(f"{type(self).__name__} has no single intra-op plan to return; "
+                        f"use get_executable(*args).plan")

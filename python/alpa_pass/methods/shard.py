@@ -1,0 +1,103 @@
+"""``ShardParallel``: intra-operator parallelism, one sharding plan (an ILP) over one mesh; and
+the base that the presets share with it."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+from alpa_pass.driver.jit import make_plan, plan_and_compile
+from alpa_pass.driver.meshes import resolve_mesh
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.methods.base import ParallelMethod
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plan.plan import Plan
+from alpa_pass.runtime.executable import Executable
+
+
+class IntraOpMethod(ParallelMethod):
+    """A method whose executable is one intra-op plan: ``ShardParallel`` and the presets.
+
+    Subclasses say what differs: :meth:`resolved_mesh`, :meth:`planning_option`,
+    :meth:`pinned_args` (forced argument layouts) and :attr:`saved_plan`.
+    """
+
+    saved_plan: Plan | None = None
+
+    def resolved_mesh(self):
+        raise NotImplementedError
+
+    def planning_option(self) -> AutoShardingOption:
+        """The options the planner runs with."""
+        return self.option
+
+    def pinned_args(self, args, mesh: LogicalMesh):
+        """One core spec or None per flat argument leaf (None: the planner chooses)."""
+        return None
+
+    def pins_from_ties(self, graph, ties, mesh: LogicalMesh) -> list:
+        """(parameter node, core spec) pins for a graph whose arguments are flat leaves (the
+        plugin), given its output ties: none unless the method forces layouts."""
+        return []
+
+    def build_executable(self, fn, args, donate_argnums) -> Executable:
+        mesh = self.resolved_mesh()
+        plan, compiled = plan_and_compile(fn, args, mesh, self.planning_option(), donate_argnums,
+                                          saved=self.saved_plan, pinned_args=self._pins(args, mesh))
+        return Executable(plan, compiled, jax.tree.structure(args), jax.tree.structure(compiled.output_shardings))
+
+    def plan_for(self, fn, args, donate_argnums) -> Plan:
+        mesh = self.resolved_mesh()
+        plan, _, _ = make_plan(fn, args, mesh, self.planning_option(), saved=self.saved_plan,
+                               donate_argnums=donate_argnums, pinned_args=self._pins(args, mesh))
+        return plan
+
+    def _pins(self, args, mesh):
+        return None if isinstance(mesh, tuple) else self.pinned_args(args, mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardParallel(IntraOpMethod):
+    """Intra-operator parallelism: one sharding plan (an ILP) over one logical mesh.
+
+    Attributes:
+      mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh (or the saved
+        plan's mesh); ``"auto"`` = plan every logical shape of ``jax.devices()`` (1xN, 2xN/2, ...,
+        see ``driver.auto_mesh``) and keep the cheapest plan (``plan.mesh_search`` lists them).
+      option: planner options.
+      plan: a saved ``Plan`` (or the path of its ``Plan.save`` file) to apply without solving; it
+        must have been made by this jax version for the same function signature and mesh
+        (PlanMismatchError says what differs otherwise).
+    """
+
+    mesh: LogicalMesh | str | None = None
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    plan: object = dataclasses.field(default=None, hash=False)
+
+    def __post_init__(self):
+        if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
+            raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, \"auto\" or None, "
+                            f"got {self.mesh!r}")
+        if not isinstance(self.option, AutoShardingOption):
+            raise TypeError(f"ShardParallel(option=...) takes an AutoShardingOption, got {type(self.option).__name__}")
+        if self.plan is not None:
+            self._load_plan()
+
+    def _load_plan(self):
+        if isinstance(self.plan, (str, os.PathLike)):
+            object.__setattr__(self, "plan", Plan.load(os.path.expanduser(os.fspath(self.plan))))
+        elif not isinstance(self.plan, Plan):
+            raise TypeError(f"ShardParallel(plan=...) takes a Plan or the path of a saved plan, "
+                            f"got {type(self.plan).__name__}")
+        if self.mesh == "auto":
+            raise ValueError("ShardParallel(plan=..., mesh=\"auto\"): a saved plan fixes its mesh; "
+                             "drop mesh= (the plan's mesh is used) or drop plan= to search meshes")
+
+    @property
+    def saved_plan(self) -> Plan | None:
+        return self.plan
+
+    def resolved_mesh(self):
+        """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
+        return resolve_mesh(self.mesh, None if self.plan is None else self.plan.mesh)

@@ -1,0 +1,116 @@
+"""The plugin's planning adapter: a computation jax is lowering, planned and emitted through
+the same path as ``ap.parallelize`` (``driver.request`` -> ``driver.planning`` ->
+``emit.plan_emission``), with the method ``ALPA_PASS_METHOD`` names.
+
+Imported by ``plugin.hook`` at the first eligible computation (it is heavy: the C++ core, highspy,
+the MLIR walkers).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from alpa_pass import _compat
+from alpa_pass.driver.meshes import resolve_mesh
+from alpa_pass.driver.planning import plan_request
+from alpa_pass.driver.request import PlanRequest, node_ties
+from alpa_pass.emit.plan_emission import emit_plan
+from alpa_pass.errors import ExtractError
+from alpa_pass.extract.stablehlo import extract_graph
+from alpa_pass.mesh import LogicalMesh
+from alpa_pass.methods.presets import DataParallel, Zero3Parallel
+from alpa_pass.methods.shard import ShardParallel
+from alpa_pass.options import AutoShardingOption
+from alpa_pass.plugin.config import PluginConfig, PluginConfigError
+from alpa_pass.plugin.report import write_report
+
+log = logging.getLogger("alpa_pass")
+
+# ALPA_PASS_METHOD -> the method whose planning option and pins the plugin uses.
+PLUGIN_METHODS = {"shard": ShardParallel, "data": DataParallel, "zero3": Zero3Parallel}
+
+
+class PluginPlanner:
+    """Plans computations for ``plugin.hook.LoweringHook`` under one ``PluginConfig``."""
+
+    def __init__(self, config: PluginConfig):
+        self.config = config
+        self._method = None
+
+    def plan(self, probe, original, args, kwargs, index: int):
+        """Plan the probe's module (jax's lowering of the computation without shardings), lower
+        again with the plan's shardings (``original``: jax's own lowering function, ``args`` /
+        ``kwargs``: its arguments) and emit the plan into that lowering's module.
+        ``index``: how many computations were planned before (names the report files).
+        Returns (plan, in_shardings over all jaxpr inputs, the lowered computation)."""
+        closed_jaxpr, _, name, _, _, _, _, donated = args
+        t = time.perf_counter()
+        if _compat.const_args(probe):
+            raise ExtractError("the lowering hoisted constants into arguments; not supported yet")
+        kept = _compat.kept_var_idx(probe)
+        module = _compat.computation_module(probe)
+        graph = extract_graph(module)
+        graph.donated_args = [k for k, i in enumerate(kept) if donated[i]]
+        timings = {"extract": time.perf_counter() - t}
+        in_avals = [closed_jaxpr.in_avals[i] for i in kept]
+        method, meshes = self.method()
+        option = method.planning_option()
+        ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals) if option.tie_outputs_to_inputs else []
+        pins = method.pins_from_ties(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
+        request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,
+                                     option, ties=ties, pins=pins, name=name, timings=timings)
+        plan = plan_request(request)
+        timings = plan.timings
+        t = time.perf_counter()
+        in_sh, out_sh = _entry_shardings(plan, kept, len(closed_jaxpr.in_avals))
+        computation = original(*args[:3], in_sh, out_sh, *args[5:], **kwargs)
+        plan.emit_report = emit_plan(_compat.computation_module(computation), graph, plan, option, name=name)
+        timings["emit"] = time.perf_counter() - t
+        log.info("alpa_pass: planned %s on mesh %s in %.3f s (objective %.6g, %d constraints)",
+                 name, "x".join(map(str, plan.mesh.shape)), sum(timings.values()), plan.objective,
+                 plan.emit_report.inserted)
+        if self.config.report_dir:
+            write_report(self.config.report_dir, index, name, plan)
+        return plan, in_sh, computation
+
+    def method(self):
+        """(the IntraOpMethod ``ALPA_PASS_METHOD`` names, its resolved mesh or candidate meshes),
+        built once (``ALPA_PASS_MESH``: a shape over all devices, ``auto``, or ``1 x N``)."""
+        if self._method is None:
+            option = AutoShardingOption(memory_budget_per_device=self.config.memory_budget_bytes,
+                                        plan_cache_dir=self.config.cache_dir,
+                                        prefer_reduce_scatter=self.config.reduce_scatter)
+            shape, n = self.config.mesh_shape, len(jax.devices())
+            if isinstance(shape, tuple) and math.prod(shape) != n:
+                raise PluginConfigError(
+                    f"ALPA_PASS_MESH={'x'.join(map(str, shape))} has {math.prod(shape)} positions but there "
+                    f"are {n} devices; give a shape whose product is {n} (e.g. 1x{n}) or unset it")
+            mesh = resolve_mesh(shape)
+            cls = PLUGIN_METHODS[self.config.method]
+            method = cls(mesh="auto", option=option) if shape == "auto" else cls(mesh=mesh, option=option)
+            self._method = (method, mesh)
+        return self._method
+
+
+def _entry_shardings(plan, kept, num_inputs):
+    """(in_shardings over all jaxpr inputs, out_shardings) as NamedShardings on the plan's mesh.
+
+    Inputs dropped as unused get a replicated sharding (jax drops it again)."""
+    jmesh = plan.mesh.jax_mesh()
+    by_input = dict(zip(kept, plan.input_specs))
+    in_sh = tuple(NamedSharding(jmesh, by_input.get(i, PartitionSpec())) for i in range(num_inputs))
+    out_sh = tuple(NamedSharding(jmesh, s) for s in plan.output_specs)
+    return in_sh, out_sh
+
+
+def _node_ties(graph, in_avals, out_avals) -> list[tuple[int, int]]:
+    """Output/input node pairs to give one sharding: each output leaf ties to the first unused
+    input leaf of the same shape and dtype, in order (the new ``state`` of a training step)."""
+    def sds(avals):
+        return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals)
+
+    return node_ties(graph, sds(in_avals), sds(out_avals))
