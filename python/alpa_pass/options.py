@@ -59,11 +59,13 @@ class AutoShardingOption:
         over the summed mesh axes (``emit/reduce_scatter.py``, ``emit/partial_sums.py``) instead
         of XLA's all-reduce. Activation partial sums stay all-reduces (their users need them whole).
       refine_unmerged: after the merged solve (``merge_followers``), solve the unmerged ILP
-        warm-started from the merged plan and keep it when cheaper (``plan/refine.py``; never worse,
-        ``plan.refinement`` records both objectives). True: always (the best incumbent within
-        ``solver_time_limit_s``); False: never; "auto": when the unmerged ILP has at most
-        ``plan.refine.REFINE_MAX_COLUMNS`` columns, keeping the result only when HiGHS proves it
-        optimal within ``plan.refine.REFINE_TIME_LIMIT_S`` (so the plan never depends on timing).
+        warm-started from the merged plan and keep it when cheaper (``driver/refine.py``; never
+        worse, ``plan.refinement`` records both objectives). True: always; False: never; "auto":
+        when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns. The solve
+        stops at ``refine_node_limit`` branch-and-bound nodes (the same plan on any machine); one
+        stopped first by ``solver_time_limit_s`` is discarded on "auto" and kept (its incumbent,
+        ``plan.refinement["time_limited"]``) when forced.
+      refine_node_limit: branch-and-bound nodes of the refinement solve (a deterministic bound).
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -84,6 +86,7 @@ class AutoShardingOption:
     tie_repeated_layers: bool = True
     prefer_reduce_scatter: bool = False
     refine_unmerged: bool | str = "auto"
+    refine_node_limit: int = 1000
 
     def __post_init__(self):
         if not (isinstance(self.refine_unmerged, bool) or self.refine_unmerged == "auto"):
@@ -99,6 +102,8 @@ class AutoShardingOption:
             raise ValueError("AutoShardingOption.compute_cost_per_flop and memory_cost_per_byte must be >= 0")
         if self.replicate_below_numel < 0:
             raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
+        if self.refine_node_limit < 0:
+            raise ValueError(f"AutoShardingOption.refine_node_limit must be >= 0, got {self.refine_node_limit}")
         if self.solver_threads < 1:
             raise ValueError("AutoShardingOption.solver_threads must be >= 1")
         if self.memory_budget_per_device is not None and not self.memory_budget_per_device > 0:

@@ -33,10 +33,11 @@ log = logging.getLogger("alpa_pass")
 # exactly in ~1.6 s, the 2-layer test GPT (257k columns) in ~12 s; Alpa-size GPTs with tied layers
 # also give ~257k unmerged columns, so they stay merged-only.
 REFINE_MAX_COLUMNS = 200_000
-# Time limit of an "auto" refinement solve (``refine_unmerged=True`` uses ``solver_time_limit_s``
-# and keeps the best incumbent when stopped by it). "auto" keeps only a proven optimum, so that the
-# plan never depends on timing (every process of a multi-process job must plan the same).
-REFINE_TIME_LIMIT_S = 20.0
+# A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
+# not by time, so that its result is the same on every machine and under any load (every process
+# of a multi-process job plans on its own and must get the same plan). ``solver_time_limit_s``
+# stays as a safety net: an "auto" refinement stopped by it is discarded (with a warning), a forced
+# one (``refine_unmerged=True``) keeps its incumbent and says so.
 _REL_TOL = 1e-6
 
 
@@ -72,10 +73,15 @@ def refine_unmerged(build, problem, solution, option, num_nodes: int):
         return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": f"solve failed: {e}"}
     record.update(unmerged_objective=float(refined.objective), unmerged_status=refined.status,
                   time_s=time.perf_counter() - t)
-    if option.refine_unmerged == "auto" and refined.status != "Optimal":
-        # an incumbent cut by the time limit depends on machine speed and load: processes of one
-        # job (which plan independently) could keep different plans. "auto" keeps only proven optima.
-        return problem, solution, {**record, "skipped": "not proven optimal within the auto time limit"}
+    if refined.time_limited:
+        record["time_limited"] = True
+        if option.refine_unmerged == "auto":
+            # an incumbent cut by the clock depends on machine speed and load: processes of one job
+            # (which plan independently) could keep different plans. "auto" discards it.
+            log.warning("alpa_pass: unmerged refinement hit solver_time_limit_s=%g before its node limit; "
+                        "keeping the merged plan (lower refine_node_limit to stay within it)",
+                        option.solver_time_limit_s)
+            return problem, solution, {**record, "skipped": "stopped by the time limit, not the node limit"}
     if refined.objective < solution.objective * (1 - _REL_TOL) - 1e-12:
         record["solve"] = "unmerged"
         return unmerged, refined, record
@@ -112,10 +118,8 @@ def _skip_reason(option, problem) -> str | None:
 
 
 def _refine_solve_options(option) -> SolveOptions:
-    """``solver_time_limit_s`` when refinement is forced (True), at most REFINE_TIME_LIMIT_S on "auto"."""
-    limit = option.solver_time_limit_s
-    return dataclasses.replace(option.solve_options(limit if option.refine_unmerged is True else
-                                                    min(limit, REFINE_TIME_LIMIT_S)), objective_bound=None)
+    """The planner's solver options with the refinement's node limit and no objective bound."""
+    return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):

@@ -18,7 +18,9 @@ from alpa_pass.errors import InfeasibleError, SolverError
 @dataclasses.dataclass(frozen=True)
 class SolveOptions:
     """Attributes: time_limit_s, rel_gap (stop at this relative MIP gap), threads (1 is
-    deterministic), log_to_console, keep_log (return HiGHS's log text in the result), seed."""
+    deterministic), log_to_console, keep_log (return HiGHS's log text in the result), seed,
+    objective_bound (a cutoff: stop once no better plan can exist), node_limit (branch-and-bound
+    nodes; unlike the time limit, a solve stopped by it returns the same plan on any machine)."""
 
     time_limit_s: float = 60.0
     rel_gap: float = 1e-4
@@ -27,6 +29,7 @@ class SolveOptions:
     keep_log: bool = False
     seed: int = 0
     objective_bound: float | None = None
+    node_limit: int | None = None
 
 
 @dataclasses.dataclass
@@ -37,6 +40,7 @@ class Solution:
     status: str              # HiGHS model status, e.g. "Optimal", "Time limit reached"
     optimal: bool
     mip_gap: float
+    time_limited: bool       # stopped by the time limit: the result depends on machine speed and load
     solve_time_s: float
     log: str = ""
 
@@ -67,6 +71,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
     h.setOptionValue("random_seed", int(options.seed))
     if options.objective_bound is not None:
         h.setOptionValue("objective_bound", float(options.objective_bound))
+    if options.node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(options.node_limit))
     _pass_model(h, problem, highspy)
     if start is not None:
         _set_start(h, problem, start, highspy)
@@ -97,7 +103,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
     optimal = status == highspy.HighsModelStatus.kOptimal
     gap = float(info.mip_gap) if problem.integrality.any() else 0.0
     return Solution(assignment=assignment, x=x, objective=objective, status=status_text,
-                    optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log)
+                    optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log,
+                    time_limited=status == highspy.HighsModelStatus.kTimeLimit)
 
 
 def _pass_model(h, problem, highspy) -> None:
