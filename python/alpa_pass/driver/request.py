@@ -16,7 +16,7 @@ from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import Plan
-from alpa_pass.trace.lower import output_ties
+from alpa_pass.trace.lower import leaf_aval, output_ties
 
 
 @dataclasses.dataclass
@@ -61,13 +61,13 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
 
     Args:
       module_text: the unsharded lowering's StableHLO without debug locations.
-      arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s or avals).
+      arg_avals: the argument leaves (arrays, ``ShapeDtypeStruct``s, avals or Python scalars).
       num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
       donated: flat indices of donated argument leaves (donation changes memory liveness).
       pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
     """
     h = hashlib.sha256(module_text.encode())
-    for a in arg_avals:
+    for a in map(leaf_aval, arg_avals):
         h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
     h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())
     if pins:

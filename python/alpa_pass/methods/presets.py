@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import ShardingError
@@ -46,8 +47,10 @@ class PresetParallel(IntraOpMethod):
       mesh: the logical mesh; ``None`` = all of ``jax.devices()`` as a 1 x N mesh.
       option: planner options for the unpinned values (the preset overrides what it must).
       batch_argnums: positions of the batch arguments (split on dim 0 over all mesh axes).
-      params_at: index path of the parameter pytree inside the positional arguments
-        (``(0, 0)``: ``state[0]`` of ``train_step((params, opt_state), batch)``).
+      params_at: path of the parameter pytree inside the positional arguments: sequence
+        indices, dict keys or attribute names (``(0, 0)``: ``state[0]`` of
+        ``train_step((params, opt_state), batch)``; ``(0, "params")``: ``state.params`` of a
+        flax ``TrainState``).
     """
 
     mesh: LogicalMesh | None = None
@@ -63,7 +66,7 @@ class PresetParallel(IntraOpMethod):
             raise TypeError(f"{type(self).__name__}(option=...) takes an AutoShardingOption, "
                             f"got {type(self.option).__name__}")
         object.__setattr__(self, "batch_argnums", tuple(int(i) for i in self.batch_argnums))
-        object.__setattr__(self, "params_at", tuple(int(i) for i in self.params_at))
+        object.__setattr__(self, "params_at", tuple(i if isinstance(i, str) else int(i) for i in self.params_at))
 
     def resolved_mesh(self) -> LogicalMesh:
         """The mesh (``None``: all devices as 1 x N)."""
@@ -90,7 +93,7 @@ class PresetParallel(IntraOpMethod):
         out = []
         params = _params_leaf_ids(args, self.params_at)
         for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tuple(args))[0]):
-            shape = tuple(leaf.shape)
+            shape = tuple(np.shape(leaf))
             if path[0].idx in self.batch_argnums:
                 dim = _batch_dim(path, shape, n)
             elif i in params:
@@ -189,9 +192,11 @@ def _params_leaf_ids(args, params_at) -> set[int]:
     ids = {i for i, (path, _) in enumerate(paths) if _index_path(path)[:len(params_at)] == params_at}
     if not ids:
         raise ShardingError(f"params_at={params_at} names no argument leaves; point it at the parameter "
-                            f"pytree (e.g. (0, 0) for train_step((params, opt_state), batch))")
+                            f"pytree (e.g. (0, 0) for train_step((params, opt_state), batch), (0, \"params\") for a "
+                            f"flax TrainState)")
     return ids
 
 
 def _index_path(path) -> tuple:
-    return tuple(getattr(k, "idx", getattr(k, "key", None)) for k in path)
+    """A key path as plain values: sequence index, dict key or attribute name per level."""
+    return tuple(getattr(k, "idx", getattr(k, "key", getattr(k, "name", None))) for k in path)

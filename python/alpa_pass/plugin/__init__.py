@@ -93,3 +93,6 @@ def _configure_logging(level: int | None) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         log.addHandler(handler)
+        # our handler prints every alpa_pass line: an application that configured root logging
+        # (gemma/kauldron do) would print each one a second time through propagation
+        log.propagate = False

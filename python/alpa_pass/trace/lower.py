@@ -64,6 +64,16 @@ def output_ties(args, outputs) -> list[tuple[int, int]]:
     return ties
 
 
+def leaf_aval(x) -> jax.ShapeDtypeStruct:
+    """Shape, dtype and weak type of any argument leaf ``jax.jit`` accepts: a jax or numpy array,
+    a ``ShapeDtypeStruct`` or aval, or a Python/numpy scalar (``TrainState.step`` is a Python int: a weakly
+    typed int32 scalar to jax)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    aval = x if hasattr(x, "shape") and hasattr(x, "dtype") else jax.typeof(x)  # arrays, avals: as they are
+    return jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
+
+
 def _signature(tree):
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in map(_shaped, leaves))

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from alpa_pass.driver.jit import plan_and_compile
 from alpa_pass.pipeline.programs.apply import ApplyProgram, MarkerLayout
 from alpa_pass.pipeline.programs.apply_sites import CROSS, FREE
+from alpa_pass.trace.lower import leaf_aval
 
 
 @dataclasses.dataclass
@@ -98,8 +99,7 @@ def _key_avals(traced, step_leaves):
         else:
             v = key
         if v in index:
-            x = step_leaves[index[v]]
-            return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+            return leaf_aval(step_leaves[index[v]])
         return jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
 
     index = {v: i for i, v in enumerate(traced.step.jaxpr.invars)}

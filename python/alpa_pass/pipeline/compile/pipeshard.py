@@ -12,7 +12,6 @@ import dataclasses
 import time
 
 import jax
-import numpy as np
 
 from alpa_pass.driver.jit import plan_and_compile
 from alpa_pass.driver.request import donated_leaves
@@ -26,7 +25,7 @@ from alpa_pass.pipeline.partition.stage_search import auto_stages
 from alpa_pass.pipeline.programs.apply import MarkerLayout, build_apply
 from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
 from alpa_pass.pipeline.trace.step import TracedStep, trace_step
-from alpa_pass.trace.lower import output_ties
+from alpa_pass.trace.lower import leaf_aval, output_ties
 
 
 @dataclasses.dataclass
@@ -66,15 +65,15 @@ class PipeshardProgram:
 def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str):
     """Marker-input avals with the batch leaves cut to one micro-batch (checks divisibility)."""
     out = []
-    for x, is_batch in zip(traced_args, batch_mask):
-        shape = tuple(np.shape(x))
+    for x, is_batch in zip(map(leaf_aval, traced_args), batch_mask):
+        shape = tuple(x.shape)
         if is_batch:
             if not shape or shape[0] % num_micro:
                 raise ShardingError(f"PipeshardParallel(num_micro_batches={num_micro}): a batch leaf of "
                                     f"{fn_name} has shape {shape}, whose axis 0 is not divisible by "
                                     f"{num_micro}; pick a micro-batch count that divides the batch")
             shape = (shape[0] // num_micro, *shape[1:])
-        out.append(jax.ShapeDtypeStruct(shape, x.dtype))
+        out.append(jax.ShapeDtypeStruct(shape, x.dtype, weak_type=x.weak_type))
     return out
 
 

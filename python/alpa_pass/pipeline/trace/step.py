@@ -17,7 +17,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, subjaxprs
 
 from alpa_pass.errors import TraceError
 from alpa_pass.pipeline.trace.markers import GradInfo, boundary_p, grad_marker_p, recording_boundaries, recording_grads
-from alpa_pass.trace.lower import fn_name
+from alpa_pass.trace.lower import fn_name, leaf_aval
 
 
 @dataclasses.dataclass
@@ -72,7 +72,7 @@ def trace_step(fn, args, batch_argnums, loss_avals) -> TracedStep:
     batch leaves cut to one micro-batch).
     """
     leaves, in_tree = jax.tree.flatten(args)
-    avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+    avals = [leaf_aval(x) for x in leaves]
     trees = {}
 
     def flat_step(*flat):

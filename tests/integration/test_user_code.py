@@ -1,0 +1,110 @@
+"""Everyday user code through ``ap.parallelize``: a flax linen ``TrainState`` (whose ``step`` is a
+Python int), Python scalar arguments, presets addressing the parameters by attribute name."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training import train_state
+
+import alpa_pass as ap
+from tests.helpers import split_dims
+
+HIDDEN, BATCH = 64, 32
+MESH = ap.LogicalMesh(shape=(2, 4))
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(2):
+            x = nn.relu(nn.Dense(HIDDEN)(nn.LayerNorm()(x)))
+        return nn.Dense(HIDDEN)(x)
+
+
+def train_step(state, x, y):
+    def loss_fn(params):
+        return jnp.mean((state.apply_fn({"params": params}, x) - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss
+
+
+def _state_and_data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
+    y = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
+    model = MLP()
+    params = model.init(jax.random.key(0), x[:1])["params"]
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-2)), x, y
+
+
+def _run(step, state, x, y, steps=3):
+    losses = []
+    for _ in range(steps):
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    return state, losses
+
+
+@pytest.fixture(scope="module")
+def reference():
+    state, x, y = _state_and_data()
+    dev = jax.devices()[0]
+    return _run(jax.jit(train_step), jax.device_put(state, dev), x, y)
+
+
+def test_trainstate_with_python_int_step(reference):
+    """``TrainState.create`` sets ``step=0`` (a Python int): planned (not "'int' object has no
+    attribute 'shape'"), same losses and parameters as single-device jax.jit, parameters split."""
+    ref_state, ref_losses = reference
+    state, x, y = _state_and_data()
+    assert isinstance(state.step, int)
+    step = ap.parallelize(train_step, method=ap.ShardParallel(mesh=MESH))
+    new_state, losses = _run(step, state, x, y)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    assert int(new_state.step) == 3 and step.num_plans == 1  # the int step and its array successor share a plan
+    for want, got in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(new_state.params))
+
+
+@pytest.mark.parametrize("preset", [ap.DataParallel, ap.Zero3Parallel])
+def test_presets_on_a_trainstate_by_attribute_name(reference, preset):
+    """``params_at=(0, "params")`` names the TrainState's ``params`` attribute: data parallelism
+    replicates the kernels, ZeRO-3 splits each 2-D kernel over all 8 devices; same losses."""
+    _, ref_losses = reference
+    state, x, y = _state_and_data()
+    step = ap.parallelize(train_step, method=preset(mesh=MESH, params_at=(0, "params"), batch_argnums=(1, 2)))
+    exe = step.get_executable(state, x, y)
+    _, losses = _run(step, state, x, y)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    paths = jax.tree_util.tree_flatten_with_path((state, x, y))[0]
+    kernels = [(spec, leaf) for (path, leaf), spec in zip(paths, exe.plan.input_specs)
+               if "params" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)]
+    assert len(kernels) == 3
+    for spec, leaf in kernels:
+        dims = split_dims(spec, leaf.ndim, MESH)
+        if preset is ap.DataParallel:
+            assert dims == {}
+        else:
+            assert sorted(a for axes in dims.values() for a in axes) == ["x", "y"]
+    batch_spec = exe.plan.input_specs[len(paths) - 2]
+    assert split_dims(batch_spec, 2, MESH) == {0: ("x", "y")}
+
+
+def test_python_scalar_arguments():
+    """Python float/int/bool arguments (weakly typed scalars to jax) are planned like any leaf."""
+    def f(x, w, scale, n, flag):
+        y = jnp.tanh(x @ w) * scale + n
+        return jnp.where(flag, y, -y).sum(axis=0)
+
+    x = np.random.default_rng(1).standard_normal((32, 16), dtype=np.float32)
+    w = np.random.default_rng(2).standard_normal((16, 8), dtype=np.float32)
+    step = ap.parallelize(f, method=ap.ShardParallel(mesh=MESH))
+    got = step(x, w, 0.5, 3, True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(x, w, 0.5, 3, True)), rtol=1e-5, atol=1e-6)
+    assert step.num_plans == 1
