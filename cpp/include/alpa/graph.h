@@ -51,8 +51,8 @@ struct Graph {
   }
   double numel(int64_t v) const;        // product of shape dims (1 for rank 0)
   double bytes(int64_t v) const { return numel(v) * dtype_bytes[v]; }
-  // Throws std::invalid_argument naming the node if the arrays are inconsistent
-  // (offsets, operand ids not earlier nodes, attrs too short for the kind).
+  // Throws std::invalid_argument naming the node if the arrays are inconsistent (offsets, operand
+  // ids not earlier nodes, operand counts, attrs not matching the kind's layout or ranks).
   void validate() const;
 };
 
