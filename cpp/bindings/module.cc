@@ -17,6 +17,7 @@
 #include "alpa/ilp.h"
 #include "alpa/memory.h"
 #include "alpa/mesh.h"
+#include "alpa/op_attrs.h"
 #include "alpa/pipeline_dp.h"
 #include "alpa/problem.h"
 #include "alpa/repeat.h"
@@ -215,6 +216,58 @@ void bind_mesh_spec(nb::module_& m) {
   m.def("spec_to_string", &spec_to_string, "spec"_a, "rank"_a);
 }
 
+// The class `cls` of one attrs layout (alpa/op_attrs.h; fields added by the caller) and its
+// decoder function `fn`: _core.decode_<family>_attrs(attrs) -> <Family>Attrs.
+template <typename Attrs>
+nb::class_<Attrs> bind_attrs(nb::module_& m, const char* cls, const char* fn,
+                             Attrs (*decode)(std::span<const int64_t>)) {
+  nb::class_<Attrs> c(m, cls, "The named fields of one op family's attrs (op_attrs.h).");
+  m.def(fn, [decode](const std::vector<int64_t>& attrs) { return decode(attrs); }, "attrs"_a,
+        "The named fields of one node's attrs; ValueError naming the layout if malformed.");
+  return c;
+}
+
+// OpKind as an IntEnum (python/alpa_pass/extract/graph.py re-exports it) and the attrs decoders.
+void bind_op_kinds_attrs(nb::module_& m) {
+  nb::enum_<OpKind> kinds(m, "OpKind", nb::is_arithmetic(),
+                          "Kind of a graph node (cpp/include/alpa/graph.h); an enum.IntEnum.");
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    kinds.value(op_kind_name(static_cast<OpKind>(k)), static_cast<OpKind>(k));
+  }
+#define ALPA_ATTRS(T, fn) bind_attrs<T>(m, #T, #fn, &fn)
+#define ALPA_FIELD(T, f) .def_ro(#f, &T::f)
+  ALPA_ATTRS(ParameterAttrs, decode_parameter_attrs) ALPA_FIELD(ParameterAttrs, arg_index);
+  ALPA_ATTRS(OutputAttrs, decode_output_attrs) ALPA_FIELD(OutputAttrs, output_index);
+  ALPA_ATTRS(ElementwiseAttrs, decode_elementwise_attrs)
+      ALPA_FIELD(ElementwiseAttrs, unshardable_dims);
+  ALPA_ATTRS(BroadcastAttrs, decode_broadcast_attrs) ALPA_FIELD(BroadcastAttrs, broadcast_dims);
+  ALPA_ATTRS(TransposeAttrs, decode_transpose_attrs) ALPA_FIELD(TransposeAttrs, permutation);
+  ALPA_ATTRS(ReduceAttrs, decode_reduce_attrs) ALPA_FIELD(ReduceAttrs, reduced_dims);
+  ALPA_ATTRS(DotAttrs, decode_dot_attrs)
+      ALPA_FIELD(DotAttrs, lhs_batch) ALPA_FIELD(DotAttrs, rhs_batch)
+      ALPA_FIELD(DotAttrs, lhs_contracting) ALPA_FIELD(DotAttrs, rhs_contracting);
+  ALPA_ATTRS(ConvAttrs, decode_conv_attrs)
+      ALPA_FIELD(ConvAttrs, input_batch) ALPA_FIELD(ConvAttrs, input_feature)
+      ALPA_FIELD(ConvAttrs, input_spatial) ALPA_FIELD(ConvAttrs, kernel_input_feature)
+      ALPA_FIELD(ConvAttrs, kernel_output_feature) ALPA_FIELD(ConvAttrs, kernel_spatial)
+      ALPA_FIELD(ConvAttrs, output_batch) ALPA_FIELD(ConvAttrs, output_feature)
+      ALPA_FIELD(ConvAttrs, output_spatial) ALPA_FIELD(ConvAttrs, feature_group_count)
+      ALPA_FIELD(ConvAttrs, batch_group_count);
+  ALPA_ATTRS(GatherAttrs, decode_gather_attrs)
+      ALPA_FIELD(GatherAttrs, index_vector_dim) ALPA_FIELD(GatherAttrs, offset_dims)
+      ALPA_FIELD(GatherAttrs, collapsed_slice_dims) ALPA_FIELD(GatherAttrs, start_index_map)
+      ALPA_FIELD(GatherAttrs, operand_batching_dims)
+      ALPA_FIELD(GatherAttrs, start_indices_batching_dims) ALPA_FIELD(GatherAttrs, slice_sizes);
+  ALPA_ATTRS(ScatterAttrs, decode_scatter_attrs)
+      ALPA_FIELD(ScatterAttrs, index_vector_dim) ALPA_FIELD(ScatterAttrs, update_window_dims)
+      ALPA_FIELD(ScatterAttrs, inserted_window_dims)
+      ALPA_FIELD(ScatterAttrs, scatter_dims_to_operand_dims)
+      ALPA_FIELD(ScatterAttrs, input_batching_dims)
+      ALPA_FIELD(ScatterAttrs, scatter_indices_batching_dims);
+#undef ALPA_FIELD
+#undef ALPA_ATTRS
+}
+
 void bind_graph_strategy(nb::module_& m) {
   nb::class_<CoreOptions>(m, "CoreOptions", "Options of the C++ core (see strategy.h).")
       .def(nb::init<>())
@@ -381,6 +434,7 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   m.doc() = "alpa_pass C++ core: meshes, specs, strategies, the sharding ILP (docs/core_api.md).";
   alpa::bind_mesh_spec(m);
+  alpa::bind_op_kinds_attrs(m);
   alpa::bind_graph_strategy(m);
   alpa::bind_problem(m);
   alpa::bind_ilp(m);

@@ -8,6 +8,8 @@
 
 namespace alpa {
 
+// The kind of a node. Bound once to Python as alpa_pass._core.OpKind (an enum.IntEnum whose
+// member names are op_kind_name's), which extract/graph.py re-exports: no Python copy to sync.
 enum class OpKind : int32_t {
   kParameter = 0,
   kOutput = 1,
