@@ -1,7 +1,7 @@
 // The registry of strategy rules (one per OpKind) and per-node FLOP counts.
 //
 // The built-in rules (src/rules/*.cc) are registered explicitly the first time the registry is
-// touched (no static-initialisation order games in a shared library). Every registered rule is
+// touched (no static initialisers), and nothing else may install or replace one. Every rule is
 // wrapped so that a node with at most `options.replicate_below_numel` elements gets one replicated
 // strategy; OUTPUT nodes are exempt (they always follow their operand), and so are reductions and
 // contractions (REDUCE, DOT, CONVOLUTION): their small result comes from large operands, which may
@@ -55,7 +55,8 @@ Registry& storage() {
   return *r;
 }
 
-Registry& registry() {
+// The registry, with the built-ins installed on first use.
+const Registry& registry() {
   static const bool builtins_done = [] {
     register_builtin_rules();
     return true;
@@ -86,11 +87,6 @@ const RuleFn& rule_for(OpKind kind) {
     throw std::logic_error(std::string("no strategy rule registered for ") + op_kind_name(kind));
   }
   return fn;
-}
-
-void register_rule(OpKind kind, RuleFn fn) {
-  // registry() registers the built-ins first, so a later call here overrides a built-in rule.
-  registry().rules[kind_index(kind)] = wrap_small_replicated(kind, std::move(fn));
 }
 
 namespace rules {
