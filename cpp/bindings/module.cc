@@ -135,7 +135,7 @@ IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::
   return build_ilp(std::move(groups), std::move(es), std::move(qs), to_linear_rows(rows));
 }
 
-// Flattened per-strategy views of ShardingProblem.nodes (docs/core_api.md).
+// Flattened per-strategy views of ShardingProblem.nodes (their contract: the property docstrings).
 Out<int64_t> strategy_offsets(const ShardingProblem& p) {
   std::vector<int64_t> off{0};
   for (const auto& ns : p.nodes) off.push_back(off.back() + static_cast<int64_t>(ns.list.size()));

@@ -1,5 +1,6 @@
 // The flat operator graph built by python/alpa_pass/extract (see extract/graph.py for the
-// contract, including each kind's attrs layout). Plain views over numpy arrays: no ownership.
+// contract). Graph owns copies of the CSR arrays (the binding copies the numpy input once); each
+// kind's attrs layout is decoded by alpa/op_attrs.h.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -28,7 +29,6 @@ enum class OpKind : int32_t {
 constexpr int kNumOpKinds = 13;
 const char* op_kind_name(OpKind kind);
 
-// Owns copies of the CSR arrays (the binding copies numpy input once).
 struct Graph {
   std::vector<int32_t> kind;          // [N]
   std::vector<int32_t> dtype_bytes;   // [N]
