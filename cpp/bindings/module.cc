@@ -1,6 +1,7 @@
-// alpa_pass._core: the one binding file (API in docs/core_api.md). Inputs are copied once into
-// the C++ structs; IlpProblem arrays come back as read-only numpy views that keep the problem
-// alive; std::invalid_argument becomes ValueError with the C++ message.
+// alpa_pass._core: the one binding file. Signatures: python/alpa_pass/_core.pyi (generated from
+// this module by nanobind.stubgen); contracts and algorithms: docs/core_api.md. Inputs are copied
+// once into the C++ structs; IlpProblem arrays come back as read-only numpy views that keep the
+// problem alive; std::invalid_argument becomes ValueError with the C++ message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -17,6 +18,7 @@
 #include "alpa/ilp.h"
 #include "alpa/memory.h"
 #include "alpa/mesh.h"
+#include "alpa/op_attrs.h"
 #include "alpa/pipeline_dp.h"
 #include "alpa/problem.h"
 #include "alpa/repeat.h"
@@ -133,7 +135,7 @@ IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::
   return build_ilp(std::move(groups), std::move(es), std::move(qs), to_linear_rows(rows));
 }
 
-// Flattened per-strategy views of ShardingProblem.nodes (docs/core_api.md).
+// Flattened per-strategy views of ShardingProblem.nodes (their contract: the property docstrings).
 Out<int64_t> strategy_offsets(const ShardingProblem& p) {
   std::vector<int64_t> off{0};
   for (const auto& ns : p.nodes) off.push_back(off.back() + static_cast<int64_t>(ns.list.size()));
@@ -211,8 +213,62 @@ void bind_mesh_spec(nb::module_& m) {
   m.def("reshard_cost", [](const Mesh& mesh, std::vector<int64_t> shape, double dtype_bytes,
                            const Spec& src, const Spec& dst) {
     return reshard_cost(mesh, shape, dtype_bytes, src, dst);
-  }, "mesh"_a, "shape"_a, "dtype_bytes"_a, "src_spec"_a, "dst_spec"_a);
-  m.def("spec_to_string", &spec_to_string, "spec"_a, "rank"_a);
+  }, "mesh"_a, "shape"_a, "dtype_bytes"_a, "src_spec"_a, "dst_spec"_a,
+        "Communication cost of moving a tensor from layout src_spec to dst_spec (spec.h).");
+  m.def("spec_to_string", &spec_to_string, "spec"_a, "rank"_a,
+        "E.g. 'S0R', 'S01R', 'RR' (Alpa style).");
+}
+
+// The class `cls` of one attrs layout (alpa/op_attrs.h; fields added by the caller) and its
+// decoder function `fn`: _core.decode_<family>_attrs(attrs) -> <Family>Attrs.
+template <typename Attrs>
+nb::class_<Attrs> bind_attrs(nb::module_& m, const char* cls, const char* fn,
+                             Attrs (*decode)(std::span<const int64_t>)) {
+  nb::class_<Attrs> c(m, cls, "The named fields of one op family's attrs (op_attrs.h).");
+  m.def(fn, [decode](const std::vector<int64_t>& attrs) { return decode(attrs); }, "attrs"_a,
+        "The named fields of one node's attrs; ValueError naming the layout if malformed.");
+  return c;
+}
+
+// OpKind as an IntEnum (python/alpa_pass/extract/graph.py re-exports it) and the attrs decoders.
+void bind_op_kinds_attrs(nb::module_& m) {
+  nb::enum_<OpKind> kinds(m, "OpKind", nb::is_arithmetic(),
+                          "Kind of a graph node (cpp/include/alpa/graph.h); an enum.IntEnum.");
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    kinds.value(op_kind_name(static_cast<OpKind>(k)), static_cast<OpKind>(k));
+  }
+#define ALPA_ATTRS(T, fn) bind_attrs<T>(m, #T, #fn, &fn)
+#define ALPA_FIELD(T, f) .def_ro(#f, &T::f)
+  ALPA_ATTRS(ParameterAttrs, decode_parameter_attrs) ALPA_FIELD(ParameterAttrs, arg_index);
+  ALPA_ATTRS(OutputAttrs, decode_output_attrs) ALPA_FIELD(OutputAttrs, output_index);
+  ALPA_ATTRS(ElementwiseAttrs, decode_elementwise_attrs)
+      ALPA_FIELD(ElementwiseAttrs, unshardable_dims);
+  ALPA_ATTRS(BroadcastAttrs, decode_broadcast_attrs) ALPA_FIELD(BroadcastAttrs, broadcast_dims);
+  ALPA_ATTRS(TransposeAttrs, decode_transpose_attrs) ALPA_FIELD(TransposeAttrs, permutation);
+  ALPA_ATTRS(ReduceAttrs, decode_reduce_attrs) ALPA_FIELD(ReduceAttrs, reduced_dims);
+  ALPA_ATTRS(DotAttrs, decode_dot_attrs)
+      ALPA_FIELD(DotAttrs, lhs_batch) ALPA_FIELD(DotAttrs, rhs_batch)
+      ALPA_FIELD(DotAttrs, lhs_contracting) ALPA_FIELD(DotAttrs, rhs_contracting);
+  ALPA_ATTRS(ConvAttrs, decode_conv_attrs)
+      ALPA_FIELD(ConvAttrs, input_batch) ALPA_FIELD(ConvAttrs, input_feature)
+      ALPA_FIELD(ConvAttrs, input_spatial) ALPA_FIELD(ConvAttrs, kernel_input_feature)
+      ALPA_FIELD(ConvAttrs, kernel_output_feature) ALPA_FIELD(ConvAttrs, kernel_spatial)
+      ALPA_FIELD(ConvAttrs, output_batch) ALPA_FIELD(ConvAttrs, output_feature)
+      ALPA_FIELD(ConvAttrs, output_spatial) ALPA_FIELD(ConvAttrs, feature_group_count)
+      ALPA_FIELD(ConvAttrs, batch_group_count);
+  ALPA_ATTRS(GatherAttrs, decode_gather_attrs)
+      ALPA_FIELD(GatherAttrs, index_vector_dim) ALPA_FIELD(GatherAttrs, offset_dims)
+      ALPA_FIELD(GatherAttrs, collapsed_slice_dims) ALPA_FIELD(GatherAttrs, start_index_map)
+      ALPA_FIELD(GatherAttrs, operand_batching_dims)
+      ALPA_FIELD(GatherAttrs, start_indices_batching_dims) ALPA_FIELD(GatherAttrs, slice_sizes);
+  ALPA_ATTRS(ScatterAttrs, decode_scatter_attrs)
+      ALPA_FIELD(ScatterAttrs, index_vector_dim) ALPA_FIELD(ScatterAttrs, update_window_dims)
+      ALPA_FIELD(ScatterAttrs, inserted_window_dims)
+      ALPA_FIELD(ScatterAttrs, scatter_dims_to_operand_dims)
+      ALPA_FIELD(ScatterAttrs, input_batching_dims)
+      ALPA_FIELD(ScatterAttrs, scatter_indices_batching_dims);
+#undef ALPA_FIELD
+#undef ALPA_ATTRS
 }
 
 void bind_graph_strategy(nb::module_& m) {
@@ -225,44 +281,59 @@ void bind_graph_strategy(nb::module_& m) {
       .def_rw("merge_followers", &CoreOptions::merge_followers)
       .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel)
       .def_rw("tie_repeated_layers", &CoreOptions::tie_repeated_layers);
-  nb::class_<Graph>(m, "Graph", "Flat op graph (CSR arrays, see extract/graph.py); validated.")
+  nb::class_<Graph>(m, "Graph",
+                    "Flat op graph (CSR arrays, see extract/graph.py), copied and validated: "
+                    "ValueError naming the bad node.")
       .def(nb::new_(&make_graph), "kind"_a, "dtype_bytes"_a, "shape_offsets"_a, "shape_dims"_a,
            "operand_offsets"_a, "operand_ids"_a, "attr_offsets"_a, "attrs"_a)
       .def_prop_ro("num_nodes", &Graph::num_nodes);
-  m.def("node_flops", &node_flops, "graph"_a, "v"_a);
-  nb::class_<Strategy>(m, "Strategy")
-      .def_ro("out", &Strategy::out)
-      .def_ro("ins", &Strategy::ins)
+  m.def("node_flops", &node_flops, "graph"_a, "v"_a,
+        "FLOPs of node v (dot: 2 * prod(result) * prod(contracting); convolution likewise; "
+        "others: numel).");
+  nb::class_<Strategy>(m, "Strategy", "One sharding strategy of a node (strategy.h).")
+      .def_ro("out", &Strategy::out, "Spec of the result (mesh axis -> tensor dim, -1: none).")
+      .def_ro("ins", &Strategy::ins, "Required spec of each operand.")
       .def_ro("compute", &Strategy::compute)
       .def_ro("comm", &Strategy::comm)
       .def_ro("memory", &Strategy::memory)
       .def_ro("name", &Strategy::name)
       .def("__repr__", [](const Strategy& s) { return "Strategy('" + s.name + "')"; });
   nb::class_<NodeStrategies>(m, "NodeStrategies")
-      .def_ro("follow", &NodeStrategies::follow)
+      .def_ro("follow", &NodeStrategies::follow,
+              "Operand node this node follows 1:1 (strategy k <-> the leader's k), or -1.")
       .def_ro("strategies", &NodeStrategies::list);
   m.def("node_strategies", &node_strategies, "graph"_a, "v"_a, "mesh"_a, "options"_a,
         "Strategies of node v (rules run on nodes 0..v; no merging).");
 }
 
 void bind_problem(nb::module_& m) {
-  nb::class_<ShardingProblem>(m, "ShardingProblem")
-      .def_prop_ro("node_group", [](const ShardingProblem& p) { return view(p, p.node_group); })
-      .def_prop_ro("strategy_offsets", &strategy_offsets, kOwned)
+  nb::class_<ShardingProblem>(m, "ShardingProblem",
+                              "Strategies of every node, flattened (S strategies), and the ILP.")
+      .def_prop_ro("node_group", [](const ShardingProblem& p) { return view(p, p.node_group); },
+                   "int64[N]: the ILP group of each node.")
+      .def_prop_ro("strategy_offsets", &strategy_offsets, kOwned,
+                   "int64[N+1]: node v's strategies are rows [off[v], off[v+1]).")
       .def_prop_ro("out_specs", [](const ShardingProblem& p) {
         return stacked_specs(p, [](const Strategy& s) { return std::vector<const Spec*>{&s.out}; });
-      }, kOwned)
-      .def_prop_ro("in_spec_offsets", &in_spec_offsets, kOwned)
+      }, kOwned, "int32[S, mesh.ndim]: result spec of each strategy.")
+      .def_prop_ro("in_spec_offsets", &in_spec_offsets, kOwned,
+                   "int64[S+1]: rows of in_specs per strategy (one per operand).")
       .def_prop_ro("in_specs", [](const ShardingProblem& p) {
         return stacked_specs(p, [](const Strategy& s) {
           std::vector<const Spec*> out;
           for (const Spec& spec : s.ins) out.push_back(&spec);
           return out;
         });
-      }, kOwned)
-      .def_prop_ro("compute_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::compute); }, kOwned)
-      .def_prop_ro("comm_cost", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::comm); }, kOwned)
-      .def_prop_ro("memory", [](const ShardingProblem& p) { return strategy_costs(p, &Strategy::memory); }, kOwned)
+      }, kOwned, "int32[R, mesh.ndim]: operand specs of every strategy.")
+      .def_prop_ro("compute_cost", [](const ShardingProblem& p) {
+        return strategy_costs(p, &Strategy::compute);
+      }, kOwned, "float64[S]: compute cost of each strategy (weighted by compute_cost_per_flop).")
+      .def_prop_ro("comm_cost", [](const ShardingProblem& p) {
+        return strategy_costs(p, &Strategy::comm);
+      }, kOwned, "float64[S]: communication inside the op (e.g. all-reducing partial sums).")
+      .def_prop_ro("memory", [](const ShardingProblem& p) {
+        return strategy_costs(p, &Strategy::memory);
+      }, kOwned, "float64[S]: per-device bytes of the node's result in that layout.")
       .def_prop_ro("strategy_names", [](const ShardingProblem& p) {
         std::vector<std::string> names;
         for (const auto& ns : p.nodes) {
@@ -274,22 +345,35 @@ void bind_problem(nb::module_& m) {
         std::vector<int64_t> f;
         for (const auto& ns : p.nodes) f.push_back(ns.follow);
         return to_numpy(std::move(f), {p.nodes.size()});
-      }, kOwned)
-      .def_ro("num_memory_rows", &ShardingProblem::num_memory_rows)
-      .def_prop_ro("live_nodes", [](const ShardingProblem& p) { return view(p, p.memory.node); })
-      .def_prop_ro("live_start", [](const ShardingProblem& p) { return view(p, p.memory.start); })
-      .def_prop_ro("live_end", [](const ShardingProblem& p) { return view(p, p.memory.end); })
-      .def_prop_ro("memory_points", [](const ShardingProblem& p) { return view(p, p.memory.points); })
+      }, kOwned, "int64[N]: leader operand node of each node, or -1.")
+      .def_ro("num_memory_rows", &ShardingProblem::num_memory_rows,
+              "ILP linear rows from memory_budget_per_device (0 without a budget).")
+      .def_prop_ro("live_nodes", [](const ShardingProblem& p) { return view(p, p.memory.node); },
+                   "int64[L]: the values that count towards memory (memory.h).")
+      .def_prop_ro("live_start", [](const ShardingProblem& p) { return view(p, p.memory.start); },
+                   "int64[L]: first program point (node) where each value is live.")
+      .def_prop_ro("live_end", [](const ShardingProblem& p) { return view(p, p.memory.end); },
+                   "int64[L]: last program point where each value is live (inclusive).")
+      .def_prop_ro("memory_points", [](const ShardingProblem& p) {
+        return view(p, p.memory.points);
+      }, "int64[P]: program points with a maximal live set.")
       .def("predicted_peak", [](const ShardingProblem& p, In1<int64_t> assignment) {
         const PeakMemory peak = predicted_peak(p, to_vector(assignment));
         return std::make_tuple(peak.bytes, peak.at);
       }, "assignment"_a, "(per-device peak bytes, node where reached) of a strategy per group.")
       .def_ro("ilp", &ShardingProblem::ilp)
-      .def_prop_ro("repeat_stats", [](const ShardingProblem& p) { return tie_stats_dict(p.repeat); });
+      .def_prop_ro("repeat_stats", [](const ShardingProblem& p) {
+        return tie_stats_dict(p.repeat);
+      }, "Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, "
+         "classes_skipped, groups_before, groups_after (repeat.h).");
   m.def("build_sharding_problem", &build_sharding_problem, "graph"_a, "mesh"_a, "options"_a,
         "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
         "donated_args"_a = std::vector<int64_t>{},
-        "pinned"_a = std::vector<std::pair<int64_t, Spec>>{});
+        "pinned"_a = std::vector<std::pair<int64_t, Spec>>{},
+        "ties: node pairs whose result specs must be equal.\n"
+        "donated_args: flat entry-argument indices whose buffers may be reused.\n"
+        "pinned: (node, spec) pairs; the node may only take strategies whose result spec equals\n"
+        "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).");
 }
 
 void bind_ilp(nb::module_& m) {
@@ -309,7 +393,13 @@ void bind_ilp(nb::module_& m) {
       ALPA_ILP_ARRAY(group_var_start);
 #undef ALPA_ILP_ARRAY
   m.def("build_ilp", &py_build_ilp, "group_costs"_a, "edges"_a,
-        "equalities"_a = std::vector<EqualityIn>{}, "rows"_a = std::vector<RowIn>{});
+        "equalities"_a = std::vector<EqualityIn>{}, "rows"_a = std::vector<RowIn>{},
+        "group_costs[g]: cost of each strategy of group g.\n"
+        "edges: (u, v, cost[|S_u|, |S_v|]).\n"
+        "equalities: (u, v, match): s_u = k forces s_v = match[k] (-1: forbids k).\n"
+        "rows: (groups, strategies, coeffs, lower, upper) meaning\n"
+        "lower <= sum_i coeffs[i] * s[groups[i]][strategies[i]] <= upper; they are the last\n"
+        "num_linear_rows rows of the ILP (ilp.h).");
   m.def("min_max_row_problem", &min_max_row_problem, "ilp"_a,
         "Minimise M subject to every linear row <= M (costs zeroed; M is the last column).");
   nb::class_<EvalResult>(m, "EvalResult")
@@ -322,15 +412,17 @@ void bind_ilp(nb::module_& m) {
                std::to_string(r.violations.size()) + ")";
       });
   m.def("evaluate", [](const IlpProblem& p, In1<int64_t> a) { return evaluate(p, to_vector(a)); },
-        "ilp"_a, "assignment"_a);
+        "ilp"_a, "assignment"_a,
+        "Objective and violated rows of one strategy index per group (no solver).");
   m.def("evaluate_columns", [](const IlpProblem& p, In1<double> x, double tol) {
     return evaluate_columns(p, to_vector(x), tol);
-  }, "ilp"_a, "x"_a, "tol"_a = 1e-6);
+  }, "ilp"_a, "x"_a, "tol"_a = 1e-6,
+     "Objective c.x + offset and violated bounds, rows and integrality of a column vector.");
   m.def("decode_assignment", [](const IlpProblem& p, In1<double> x) {
     std::vector<int64_t> a = decode_assignment(p, to_vector(x));
     const size_t n = a.size();
     return to_numpy(std::move(a), {n});
-  }, "ilp"_a, "x"_a);
+  }, "ilp"_a, "x"_a, "Strategy index per group (argmax of each group's columns).");
 }
 
 // Repeated structure (alpa/repeat.h).
@@ -339,7 +431,7 @@ void bind_repeat(nb::module_& m) {
     std::vector<uint64_t> h = structural_hashes(g, rounds);
     const size_t n = h.size();
     return to_numpy(std::move(h), {n});
-  }, "graph"_a, "rounds"_a);
+  }, "graph"_a, "rounds"_a, "One WL hash per node after `rounds` refinement rounds (repeat.h).");
   m.def("find_repeats", [](const Graph& g, int region_rounds, int class_rounds, int stride) {
     RepeatOptions o;
     o.region_rounds = region_rounds;
@@ -359,7 +451,8 @@ void bind_repeat(nb::module_& m) {
 void bind_pipeline(nb::module_& m) {
   m.def("cluster_layers", [](In1<double> flops, In1<double> cut_bytes, int64_t layers, double eps) {
     return cluster_layers(to_vector(flops), to_vector(cut_bytes), layers, eps);
-  }, "flops"_a, "cut_bytes"_a, "layers"_a, "eps"_a);
+  }, "flops"_a, "cut_bytes"_a, "layers"_a, "eps"_a,
+     "Start indices of layers 1..layers-1 cutting the operators into layers (pipeline_dp.h).");
   m.def("stage_dp", [](InCost cost, In1<int64_t> submesh_devices, int64_t num_devices, int64_t num_micro) {
     if (cost.ndim() != 3 || cost.shape(0) != cost.shape(1) || cost.shape(2) != submesh_devices.shape(0)) {
       throw std::invalid_argument("stage_dp: cost must be [num_layers, num_layers, num_submeshes]");
@@ -370,7 +463,9 @@ void bind_pipeline(nb::module_& m) {
     std::vector<std::tuple<int64_t, int64_t, int64_t>> stages;
     for (const auto& s : r.stages) stages.emplace_back(s.start, s.stop, s.submesh);
     return std::make_tuple(r.objective, r.max_stage_latency, stages);
-  }, "cost"_a, "submesh_devices"_a, "num_devices"_a, "num_micro"_a);
+  }, "cost"_a, "submesh_devices"_a, "num_devices"_a, "num_micro"_a,
+     "cost[i, j, k]: latency of layers [i, j] on submesh choice k.\n"
+     "Returns (objective, max stage latency, [(start, stop, submesh)]) (pipeline_dp.h).");
 }
 
 }  // namespace
@@ -381,6 +476,7 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   m.doc() = "alpa_pass C++ core: meshes, specs, strategies, the sharding ILP (docs/core_api.md).";
   alpa::bind_mesh_spec(m);
+  alpa::bind_op_kinds_attrs(m);
   alpa::bind_graph_strategy(m);
   alpa::bind_problem(m);
   alpa::bind_ilp(m);

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "alpa/op_attrs.h"
+
 namespace alpa {
 
 const char* op_kind_name(OpKind kind) {
@@ -42,34 +44,6 @@ void check_offsets(const std::vector<int64_t>& offsets, size_t flat_size, int64_
   }
 }
 
-// Reads a length-prefixed list at attrs[pos]; returns the position after it or -1 if too short.
-int64_t skip_list(std::span<const int64_t> attrs, int64_t pos) {
-  if (pos >= static_cast<int64_t>(attrs.size()) || attrs[pos] < 0) return -1;
-  return pos + 1 + attrs[pos];
-}
-
-// Expected attrs length of a kind whose layout depends on counts inside attrs (DOT, GATHER,
-// SCATTER, CONVOLUTION); -1 if the counts themselves are missing or negative.
-int64_t counted_length(OpKind kind, std::span<const int64_t> a) {
-  const int64_t n = static_cast<int64_t>(a.size());
-  switch (kind) {
-    case OpKind::kDot: {
-      if (n < 1 || a[0] < 0 || n < 2 + 2 * a[0] || a[1 + 2 * a[0]] < 0) return -1;
-      return 2 + 2 * a[0] + 2 * a[1 + 2 * a[0]];
-    }
-    case OpKind::kConvolution:
-      return n < 3 || a[2] < 0 ? -1 : 9 + 3 * a[2];
-    case OpKind::kGather:
-    case OpKind::kScatter: {
-      int64_t pos = 1;
-      for (int i = 0; i < (kind == OpKind::kGather ? 6 : 5) && pos >= 0; ++i) pos = skip_list(a, pos);
-      return pos;
-    }
-    default:
-      return -1;
-  }
-}
-
 void check_dims(const Graph& g, int64_t v, std::span<const int64_t> dims, int64_t rank,
                 const char* what) {
   for (int64_t d : dims) {
@@ -87,57 +61,71 @@ void check_operand_count(const Graph& g, int64_t v, size_t want) {
   }
 }
 
-// DOT: batch and contracting dims of each side within that operand's rank.
-void check_dot(const Graph& g, int64_t v) {
-  const auto a = g.node_attrs(v);
-  const int64_t nb = a[0], nc = a[1 + 2 * nb];
-  const int64_t lhs = g.rank(g.operands(v)[0]), rhs = g.rank(g.operands(v)[1]);
-  check_dims(g, v, a.subspan(1, nb), lhs, "lhs batch");
-  check_dims(g, v, a.subspan(1 + nb, nb), rhs, "rhs batch");
-  check_dims(g, v, a.subspan(2 + 2 * nb, nc), lhs, "lhs contracting");
-  check_dims(g, v, a.subspan(2 + 2 * nb + nc, nc), rhs, "rhs contracting");
+void check_length(const Graph& g, int64_t v, size_t have, int64_t want) {
+  if (static_cast<int64_t>(have) != want) {
+    fail(g, v, "attrs have " + std::to_string(have) + " entries, expected " + std::to_string(want));
+  }
 }
 
+// decode(node_attrs(v)), naming the node in the decoder's error.
+template <typename Decode>
+auto decoded(const Graph& g, int64_t v, Decode decode) {
+  try {
+    return decode(g.node_attrs(v));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("graph node " + std::to_string(v) + ": " + e.what());
+  }
+}
+
+void check_empty(const Graph& g, int64_t v) {
+  decoded(g, v, [&](std::span<const int64_t> a) { check_no_attrs(op_kind_name(g.op_kind(v)), a); });
+}
+
+// DOT: batch and contracting dims of each side within that operand's rank.
+void check_dot(const Graph& g, int64_t v) {
+  const DotAttrs a = decoded(g, v, decode_dot_attrs);
+  const int64_t lhs = g.rank(g.operands(v)[0]), rhs = g.rank(g.operands(v)[1]);
+  check_dims(g, v, a.lhs_batch, lhs, "lhs batch");
+  check_dims(g, v, a.rhs_batch, rhs, "rhs batch");
+  check_dims(g, v, a.lhs_contracting, lhs, "lhs contracting");
+  check_dims(g, v, a.rhs_contracting, rhs, "rhs contracting");
+}
+
+// The operand count and the attrs of node v against its kind's layout (op_attrs.h) and ranks.
 void check_attrs(const Graph& g, int64_t v) {
-  const auto a = g.node_attrs(v);
   const auto ops = g.operands(v);
-  const auto len = static_cast<int64_t>(a.size());
-  auto want_len = [&](int64_t want) {
-    if (len != want) {
-      fail(g, v, "attrs have " + std::to_string(len) + " entries, expected " + std::to_string(want));
-    }
-  };
   switch (g.op_kind(v)) {
-    case OpKind::kParameter: want_len(1); break;
-    case OpKind::kOutput: want_len(1); check_operand_count(g, v, 1); break;
-    case OpKind::kBroadcast:
+    case OpKind::kParameter: decoded(g, v, decode_parameter_attrs); break;
+    case OpKind::kOutput: check_operand_count(g, v, 1); decoded(g, v, decode_output_attrs); break;
+    case OpKind::kGenerator: check_empty(g, v); break;
+    case OpKind::kElementwise:
+      check_dims(g, v, decoded(g, v, decode_elementwise_attrs).unshardable_dims, g.rank(v),
+                 "unshardable");
+      break;
+    case OpKind::kBroadcast: {
       check_operand_count(g, v, 1);
-      want_len(g.rank(ops[0]));
-      check_dims(g, v, a, g.rank(v), "broadcast");
+      const BroadcastAttrs b = decoded(g, v, decode_broadcast_attrs);
+      check_length(g, v, b.broadcast_dims.size(), g.rank(ops[0]));
+      check_dims(g, v, b.broadcast_dims, g.rank(v), "broadcast");
       break;
-    case OpKind::kTranspose:
+    }
+    case OpKind::kTranspose: {
       check_operand_count(g, v, 1);
-      want_len(g.rank(v));
-      check_dims(g, v, a, g.rank(ops[0]), "permutation");
+      const TransposeAttrs t = decoded(g, v, decode_transpose_attrs);
+      check_length(g, v, t.permutation.size(), g.rank(v));
+      check_dims(g, v, t.permutation, g.rank(ops[0]), "permutation");
       break;
-    case OpKind::kDot:
-      check_operand_count(g, v, 2);
-      want_len(counted_length(OpKind::kDot, a));
-      check_dot(g, v);
-      break;
-    case OpKind::kConvolution:
-      check_operand_count(g, v, 2);
-      want_len(counted_length(OpKind::kConvolution, a));
-      break;
-    case OpKind::kGather: check_operand_count(g, v, 2); want_len(counted_length(OpKind::kGather, a)); break;
-    case OpKind::kScatter: check_operand_count(g, v, 3); want_len(counted_length(OpKind::kScatter, a)); break;
-    case OpKind::kElementwise: check_dims(g, v, a, g.rank(v), "unshardable"); break;
-    case OpKind::kReshape: check_operand_count(g, v, 1); break;
+    }
+    case OpKind::kReshape: check_operand_count(g, v, 1); check_empty(g, v); break;
     case OpKind::kReduce:
       if (ops.empty()) fail(g, v, "reduce without operands");
-      check_dims(g, v, a, g.rank(ops[0]), "reduced");
+      check_dims(g, v, decoded(g, v, decode_reduce_attrs).reduced_dims, g.rank(ops[0]), "reduced");
       break;
-    default: break;
+    case OpKind::kDot: check_operand_count(g, v, 2); check_dot(g, v); break;
+    case OpKind::kConvolution: check_operand_count(g, v, 2); decoded(g, v, decode_conv_attrs); break;
+    case OpKind::kGather: check_operand_count(g, v, 2); decoded(g, v, decode_gather_attrs); break;
+    case OpKind::kScatter: check_operand_count(g, v, 3); decoded(g, v, decode_scatter_attrs); break;
+    case OpKind::kOpaque: check_empty(g, v); break;
   }
 }
 

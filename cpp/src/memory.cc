@@ -14,6 +14,8 @@
 #include <string>
 #include <tuple>
 
+#include "alpa/op_attrs.h"
+
 namespace alpa {
 namespace {
 
@@ -37,7 +39,7 @@ std::vector<char> donated_nodes(const Graph& g, const std::vector<int64_t>& dona
   std::vector<int64_t> node_of_arg;
   for (int64_t v = 0; v < g.num_nodes(); ++v) {
     if (g.op_kind(v) != OpKind::kParameter) continue;
-    const int64_t arg = g.node_attrs(v)[0];
+    const int64_t arg = decode_parameter_attrs(g.node_attrs(v)).arg_index;
     if (arg >= static_cast<int64_t>(node_of_arg.size())) node_of_arg.resize(arg + 1, -1);
     node_of_arg[arg] = v;
   }

@@ -1,7 +1,7 @@
 // The registry of strategy rules (one per OpKind) and per-node FLOP counts.
 //
 // The built-in rules (src/rules/*.cc) are registered explicitly the first time the registry is
-// touched (no static-initialisation order games in a shared library). Every registered rule is
+// touched (no static initialisers), and nothing else may install or replace one. Every rule is
 // wrapped so that a node with at most `options.replicate_below_numel` elements gets one replicated
 // strategy; OUTPUT nodes are exempt (they always follow their operand), and so are reductions and
 // contractions (REDUCE, DOT, CONVOLUTION): their small result comes from large operands, which may
@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "alpa/op_attrs.h"
 #include "alpa/strategy.h"
 #include "rules/rules.h"
 
@@ -54,7 +55,8 @@ Registry& storage() {
   return *r;
 }
 
-Registry& registry() {
+// The registry, with the built-ins installed on first use.
+const Registry& registry() {
   static const bool builtins_done = [] {
     register_builtin_rules();
     return true;
@@ -87,11 +89,6 @@ const RuleFn& rule_for(OpKind kind) {
   return fn;
 }
 
-void register_rule(OpKind kind, RuleFn fn) {
-  // registry() registers the built-ins first, so a later call here overrides a built-in rule.
-  registry().rules[kind_index(kind)] = wrap_small_replicated(kind, std::move(fn));
-}
-
 namespace rules {
 void set_builtin_rule(OpKind kind, RuleFn fn) {
   storage().rules[kind_index(kind)] = wrap_small_replicated(kind, std::move(fn));
@@ -100,30 +97,26 @@ void set_builtin_rule(OpKind kind, RuleFn fn) {
 
 double node_flops(const Graph& g, int64_t v) {
   const auto out = g.shape(v);
-  const auto attrs = g.node_attrs(v);
   if (g.op_kind(v) == OpKind::kDot) {
-    const int64_t nb = attrs[0];
-    const int64_t nc = attrs[1 + 2 * nb];
+    const DotAttrs a = decode_dot_attrs(g.node_attrs(v));
     const auto lhs = g.shape(g.operands(v)[0]);
     double contract = 1.0;
-    for (int64_t i = 0; i < nc; ++i) {
-      const int64_t d = attrs[2 + 2 * nb + i];
+    for (int64_t d : a.lhs_contracting) {
       contract *= static_cast<double>(rules::checked_dim(lhs, d, "dot contracting"));
     }
     return 2.0 * product(out) * contract;
   }
   if (g.op_kind(v) == OpKind::kConvolution) {
-    const int64_t ns = attrs[2];
+    const ConvAttrs a = decode_conv_attrs(g.node_attrs(v));
     const auto input = g.shape(g.operands(v)[0]);
     const auto kernel = g.shape(g.operands(v)[1]);
     double window = 1.0;
-    for (int64_t i = 0; i < ns; ++i) {
-      window *= static_cast<double>(rules::checked_dim(kernel, attrs[5 + ns + i], "conv kernel"));
+    for (int64_t d : a.kernel_spatial) {
+      window *= static_cast<double>(rules::checked_dim(kernel, d, "conv kernel"));
     }
     const double in_features =
-        static_cast<double>(rules::checked_dim(input, attrs[1], "conv input feature"));
-    const double groups = static_cast<double>(attrs[7 + 3 * ns]);  // feature_group_count
-    return 2.0 * product(out) * window * in_features / groups;
+        static_cast<double>(rules::checked_dim(input, a.input_feature, "conv input feature"));
+    return 2.0 * product(out) * window * in_features / static_cast<double>(a.feature_group_count);
   }
   return g.numel(v);
 }

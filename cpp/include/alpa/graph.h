@@ -1,5 +1,6 @@
 // The flat operator graph built by python/alpa_pass/extract (see extract/graph.py for the
-// contract, including each kind's attrs layout). Plain views over numpy arrays: no ownership.
+// contract). Graph owns copies of the CSR arrays (the binding copies the numpy input once); each
+// kind's attrs layout is decoded by alpa/op_attrs.h.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -8,6 +9,8 @@
 
 namespace alpa {
 
+// The kind of a node. Bound once to Python as alpa_pass._core.OpKind (an enum.IntEnum whose
+// member names are op_kind_name's), which extract/graph.py re-exports: no Python copy to sync.
 enum class OpKind : int32_t {
   kParameter = 0,
   kOutput = 1,
@@ -26,7 +29,6 @@ enum class OpKind : int32_t {
 constexpr int kNumOpKinds = 13;
 const char* op_kind_name(OpKind kind);
 
-// Owns copies of the CSR arrays (the binding copies numpy input once).
 struct Graph {
   std::vector<int32_t> kind;          // [N]
   std::vector<int32_t> dtype_bytes;   // [N]
@@ -51,8 +53,8 @@ struct Graph {
   }
   double numel(int64_t v) const;        // product of shape dims (1 for rank 0)
   double bytes(int64_t v) const { return numel(v) * dtype_bytes[v]; }
-  // Throws std::invalid_argument naming the node if the arrays are inconsistent
-  // (offsets, operand ids not earlier nodes, attrs too short for the kind).
+  // Throws std::invalid_argument naming the node if the arrays are inconsistent (offsets, operand
+  // ids not earlier nodes, operand counts, attrs not matching the kind's layout or ranks).
   void validate() const;
 };
 

@@ -34,7 +34,7 @@ struct MemoryModel {
   std::vector<int64_t> points;
 };
 
-// `donated_args`: flat entry-argument indices (a PARAMETER's attrs[0]) whose buffers XLA may reuse.
+// `donated_args`: flat entry-argument indices (a PARAMETER's arg_index) whose buffers XLA may reuse.
 // Throws std::invalid_argument for an index that names no argument.
 MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donated_args);
 

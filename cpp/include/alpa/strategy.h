@@ -56,9 +56,8 @@ struct RuleContext {
 
 using RuleFn = std::function<NodeStrategies(const RuleContext&, int64_t v)>;
 
-// One rule per OpKind (registered in src/rules/*.cc).
+// The built-in rule of `kind` (src/rules/*.cc; the registry is fixed, rules are not pluggable).
 const RuleFn& rule_for(OpKind kind);
-void register_rule(OpKind kind, RuleFn fn);
 
 // FLOPs of node v (dot: 2*prod(out)*prod(contracting); conv likewise; others: numel).
 double node_flops(const Graph& g, int64_t v);

@@ -12,7 +12,7 @@ namespace alpa::rules {
 namespace {
 
 NodeStrategies follow_operand(const RuleContext& ctx, int64_t v, int64_t u) {
-  const auto dims = ctx.graph.node_attrs(v);
+  const Dims dims = decode_broadcast_attrs(ctx.graph.node_attrs(v)).broadcast_dims;
   NodeStrategies ns;
   ns.follow = u;
   ns.list.reserve(ctx.done[u].list.size());
@@ -30,7 +30,7 @@ NodeStrategies broadcast_rule(const RuleContext& ctx, int64_t v) {
   const Graph& g = ctx.graph;
   const int64_t u = g.operands(v)[0];
   if (ctx.options.merge_followers) return follow_operand(ctx, v, u);
-  const auto dims = g.node_attrs(v);
+  const Dims dims = decode_broadcast_attrs(g.node_attrs(v)).broadcast_dims;
   const auto in_shape = g.shape(u), out_shape = g.shape(v);
   NodeStrategies ns;
   for (Spec& out : out_specs(ctx, v)) {

@@ -30,21 +30,6 @@ std::vector<Spec> out_specs(const RuleContext& ctx, int64_t v) {
   return enumerate_specs(ctx.graph.shape(v), ctx.mesh);
 }
 
-int64_t AttrReader::scalar() {
-  if (pos_ >= attrs_.size()) throw std::invalid_argument("attrs too short for their layout");
-  return attrs_[pos_++];
-}
-
-std::vector<int64_t> AttrReader::list() {
-  const int64_t n = scalar();
-  if (n < 0 || pos_ + static_cast<size_t>(n) > attrs_.size()) {
-    throw std::invalid_argument("attrs list length " + std::to_string(n) + " runs past the end");
-  }
-  std::vector<int64_t> out(attrs_.begin() + pos_, attrs_.begin() + pos_ + n);
-  pos_ += static_cast<size_t>(n);
-  return out;
-}
-
 std::vector<int> split_axes(const Mesh& mesh) {
   std::vector<int> axes;
   for (int a = 0; a < mesh.ndim(); ++a) {

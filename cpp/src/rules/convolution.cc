@@ -9,13 +9,14 @@ namespace alpa::rules {
 namespace {
 
 std::vector<AxisRole> conv_roles(const Graph& g, int64_t v) {
-  const auto a = g.node_attrs(v);
-  const int64_t ns = a[2];
-  const int32_t in_batch = static_cast<int32_t>(a[0]), in_feature = static_cast<int32_t>(a[1]);
-  const int32_t k_in = static_cast<int32_t>(a[3 + ns]), k_out = static_cast<int32_t>(a[4 + ns]);
-  const int32_t out_batch = static_cast<int32_t>(a[5 + 2 * ns]);
-  const int32_t out_feature = static_cast<int32_t>(a[6 + 2 * ns]);
-  const int64_t feature_groups = a[7 + 3 * ns], batch_groups = a[8 + 3 * ns];
+  const ConvAttrs a = decode_conv_attrs(g.node_attrs(v));
+  const auto in_batch = static_cast<int32_t>(a.input_batch);
+  const auto in_feature = static_cast<int32_t>(a.input_feature);
+  const auto k_in = static_cast<int32_t>(a.kernel_input_feature);
+  const auto k_out = static_cast<int32_t>(a.kernel_output_feature);
+  const auto out_batch = static_cast<int32_t>(a.output_batch);
+  const auto out_feature = static_cast<int32_t>(a.output_feature);
+  const int64_t feature_groups = a.feature_group_count, batch_groups = a.batch_group_count;
   std::vector<AxisRole> roles;
   if (batch_groups == 1) roles.push_back({in_batch, -1, out_batch, false, "batch"});
   if (feature_groups == 1 && batch_groups == 1) {

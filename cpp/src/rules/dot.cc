@@ -18,12 +18,9 @@ std::vector<int32_t> free_dims(int64_t rank, std::span<const int64_t> batch,
 }
 
 std::vector<AxisRole> dot_roles(const Graph& g, int64_t v) {
-  const auto attrs = g.node_attrs(v);
-  const int64_t nb = attrs[0];
-  const std::span<const int64_t> lb = attrs.subspan(1, nb), rb = attrs.subspan(1 + nb, nb);
-  const int64_t nc = attrs[1 + 2 * nb];
-  const std::span<const int64_t> lc = attrs.subspan(2 + 2 * nb, nc),
-                                 rc = attrs.subspan(2 + 2 * nb + nc, nc);
+  const DotAttrs a = decode_dot_attrs(g.node_attrs(v));
+  const Dims &lb = a.lhs_batch, &rb = a.rhs_batch, &lc = a.lhs_contracting, &rc = a.rhs_contracting;
+  const auto nb = static_cast<int64_t>(lb.size()), nc = static_cast<int64_t>(lc.size());
   const auto ops = g.operands(v);
   const auto lf = free_dims(g.rank(ops[0]), lb, lc), rf = free_dims(g.rank(ops[1]), rb, rc);
   std::vector<AxisRole> roles;

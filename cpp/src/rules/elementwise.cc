@@ -19,7 +19,8 @@ bool same_shape(const Graph& g, int64_t a, int64_t b) {
 // strategy; preferred in order: not a BROADCAST, not a PARAMETER, most strategies, lowest index.
 int64_t pick_leader(const RuleContext& ctx, int64_t v) {
   const Graph& g = ctx.graph;
-  if (!ctx.options.merge_followers || !g.node_attrs(v).empty()) return -1;
+  if (!ctx.options.merge_followers) return -1;
+  if (!decode_elementwise_attrs(g.node_attrs(v)).unshardable_dims.empty()) return -1;
   int64_t best = -1;
   std::tuple<bool, bool, int64_t> best_key;
   for (int64_t u : g.operands(v)) {
@@ -82,7 +83,7 @@ NodeStrategies elementwise_rule(const RuleContext& ctx, int64_t v) {
     for (const Strategy& lead : ctx.done[leader].list) ns.list.push_back(make(ctx, v, lead.out));
     return ns;
   }
-  const auto unshardable = ctx.graph.node_attrs(v);
+  const Dims unshardable = decode_elementwise_attrs(ctx.graph.node_attrs(v)).unshardable_dims;
   for (const Spec& spec : out_specs(ctx, v)) {
     if (!splits_any(spec, unshardable)) ns.list.push_back(make(ctx, v, spec));
   }

@@ -19,10 +19,11 @@ struct GatherMap {
 };
 
 GatherMap gather_map(const Graph& g, int64_t v) {
-  AttrReader r(g.node_attrs(v));
-  const int64_t index_vector_dim = r.scalar();
-  const auto offset_dims = r.list(), collapsed = r.list(), start_index_map = r.list();
-  const auto operand_batching = r.list(), indices_batching = r.list(), slice_sizes = r.list();
+  const GatherAttrs a = decode_gather_attrs(g.node_attrs(v));
+  const int64_t index_vector_dim = a.index_vector_dim;
+  const Dims &offset_dims = a.offset_dims, &collapsed = a.collapsed_slice_dims;
+  const Dims &start_index_map = a.start_index_map, &operand_batching = a.operand_batching_dims;
+  const Dims &indices_batching = a.start_indices_batching_dims, &slice_sizes = a.slice_sizes;
   const auto operand_shape = g.shape(g.operands(v)[0]);
   const int64_t indices_rank = g.rank(g.operands(v)[1]);
   std::vector<int32_t> operand_offset, indices_batch;

@@ -9,7 +9,7 @@ namespace {
 
 Strategy make(const RuleContext& ctx, int64_t v, const Spec& in) {
   const Graph& g = ctx.graph;
-  const auto reduced = g.node_attrs(v);
+  const Dims reduced = decode_reduce_attrs(g.node_attrs(v)).reduced_dims;
   const int64_t input = g.operands(v)[0];
   Spec out = replicated_spec(ctx.mesh);
   std::vector<int> partial_axes;

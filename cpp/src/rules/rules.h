@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "alpa/op_attrs.h"
 #include "alpa/strategy.h"
 
 namespace alpa::rules {
@@ -50,18 +51,6 @@ inline bool single_strategy(const RuleContext& ctx, int64_t u) {
 
 // Every spec of node v's result shape (enumerate_specs).
 std::vector<Spec> out_specs(const RuleContext& ctx, int64_t v);
-
-// Reads the length-prefixed int lists of an attrs array in order: [n, x*n, m, y*m, ...].
-class AttrReader {
- public:
-  explicit AttrReader(std::span<const int64_t> attrs) : attrs_(attrs) {}
-  int64_t scalar();
-  std::vector<int64_t> list();  // reads n, then n values; throws std::invalid_argument if short
-
- private:
-  std::span<const int64_t> attrs_;
-  size_t pos_ = 0;
-};
 
 // Mesh axes of size > 1, ascending.
 std::vector<int> split_axes(const Mesh& mesh);

@@ -21,10 +21,10 @@ struct ScatterOption {
 };
 
 std::vector<ScatterOption> scatter_options(const Graph& g, int64_t v) {
-  AttrReader r(g.node_attrs(v));
-  const int64_t index_vector_dim = r.scalar();
-  const auto window = r.list(), inserted = r.list(), indexed = r.list();
-  const auto input_batching = r.list();
+  const ScatterAttrs a = decode_scatter_attrs(g.node_attrs(v));
+  const int64_t index_vector_dim = a.index_vector_dim;
+  const Dims &window = a.update_window_dims, &inserted = a.inserted_window_dims;
+  const Dims &indexed = a.scatter_dims_to_operand_dims, &input_batching = a.input_batching_dims;
   const auto ops = g.operands(v);
   const auto input = g.shape(ops[0]), update = g.shape(ops[2]);
   std::vector<ScatterOption> options;

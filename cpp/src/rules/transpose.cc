@@ -8,7 +8,7 @@ namespace {
 
 NodeStrategies transpose_rule(const RuleContext& ctx, int64_t v) {
   const int64_t u = ctx.graph.operands(v)[0];
-  const auto perm = ctx.graph.node_attrs(v);
+  const Dims perm = decode_transpose_attrs(ctx.graph.node_attrs(v)).permutation;
   NodeStrategies ns;
   if (ctx.options.merge_followers) {
     ns.follow = u;

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from alpa_pass import _core
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
@@ -156,21 +157,19 @@ def _dim_maps(graph: OpGraph, v: int) -> list[list] | None:
     ``None`` (a dim no split of which runs locally); ``None`` for other kinds."""
     kind = OpKind(int(graph.kind[v]))
     operands = graph.operands(v)
-    a = graph.node_attrs(v)
     if kind == OpKind.SCATTER:
-        return _scatter_maps(graph, v, a)
+        return _scatter_maps(graph, v, _core.decode_scatter_attrs(graph.node_attrs(v)))
     if kind not in (OpKind.DOT, OpKind.REDUCE) or len(operands) != 2:
         return None
     if kind == OpKind.REDUCE:
-        reduced = set(a)
+        reduced = set(_core.decode_reduce_attrs(graph.node_attrs(v)).reduced_dims)
         kept = [d for d in range(len(graph.shape(operands[0]))) if d not in reduced]
         m = [(_CONTRACTED, 0) if d in reduced else ("result", kept.index(d))
              for d in range(len(graph.shape(operands[0])))]
         return [m, []]
-    nb = a[0]
-    lb, rb = a[1:1 + nb], a[1 + nb:1 + 2 * nb]
-    nc = a[1 + 2 * nb]
-    lc, rc = a[2 + 2 * nb:2 + 2 * nb + nc], a[2 + 2 * nb + nc:2 + 2 * nb + 2 * nc]
+    dot = _core.decode_dot_attrs(graph.node_attrs(v))
+    lb, rb, lc, rc = dot.lhs_batch, dot.rhs_batch, dot.lhs_contracting, dot.rhs_contracting
+    nb = len(lb)
     lrank, rrank = (len(graph.shape(u)) for u in operands)
     lfree = [d for d in range(lrank) if d not in lb and d not in lc]
     rfree = [d for d in range(rrank) if d not in rb and d not in rc]
@@ -186,17 +185,12 @@ def _dim_maps(graph: OpGraph, v: int) -> list[list] | None:
     return [lm, rm]
 
 
-def _scatter_maps(graph: OpGraph, v: int, a: list[int]) -> list[list] | None:
+def _scatter_maps(graph: OpGraph, v: int, a: _core.ScatterAttrs) -> list[list] | None:
     """Dim maps of a scatter ``[input, indices, updates]`` without batching dims: the i-th
     scattered dim of the updates and the i-th non-index-vector dim of the indices are summed over
     (``("contracted", i)``); an update window dim is local when it spans its input dim whole."""
-    ivd, rest = a[0], a[1:]
-    lists = []
-    for _ in range(5):
-        lists.append(rest[1:1 + rest[0]])
-        rest = rest[1 + rest[0]:]
-    window, inserted, _, input_batching, _ = lists
-    if input_batching:
+    ivd, window, inserted = a.index_vector_dim, a.update_window_dims, a.inserted_window_dims
+    if a.input_batching_dims:
         return None
     inp, idx, upd = (graph.shape(u) for u in graph.operands(v))
     input_map = [("result", i) for i in range(len(inp))]

@@ -1,6 +1,7 @@
 """The flat operator graph handed from the Python front end to the C++ core.
 
-Contract (mirrored by ``cpp/include/alpa/graph.h``; keep the two in sync):
+Contract (shared with ``cpp/include/alpa/graph.h``; the attrs layouts are decoded in one place,
+``cpp/include/alpa/op_attrs.h``, bound as ``_core.decode_<family>_attrs``):
 
 * One node per *result* of a StableHLO op (multi-result ops give one node per result, each
   with the op's operands).  Function arguments are ``PARAMETER`` nodes, ``func.return`` operands
@@ -41,25 +42,14 @@ OPAQUE          ``[]`` while/case/custom_call/rng/unknown ops: all operands and 
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 import numpy as np
 
+# The C++ enum (cpp/include/alpa/graph.h), bound once as an enum.IntEnum: OpKind.DOT == 8,
+# OpKind(8) is OpKind.DOT, OpKind.DOT.name == "DOT".
+from alpa_pass._core import OpKind
 
-class OpKind(enum.IntEnum):
-    PARAMETER = 0
-    OUTPUT = 1
-    GENERATOR = 2
-    ELEMENTWISE = 3
-    BROADCAST = 4
-    TRANSPOSE = 5
-    RESHAPE = 6
-    REDUCE = 7
-    DOT = 8
-    CONVOLUTION = 9
-    GATHER = 10
-    SCATTER = 11
-    OPAQUE = 12
+__all__ = ["GraphBuilder", "OpGraph", "OpKind", "OpLocator"]
 
 
 @dataclasses.dataclass(frozen=True)
