@@ -196,3 +196,17 @@ def test_plugin_and_api_make_the_same_plan():
     assert plugin["peak_bytes"] == api["peak_bytes"] > 0
     assert plugin["reduce_scattered"] == api["reduce_scattered"] > 0
     assert out["losses"][0] == pytest.approx(out["losses"][1], rel=1e-6)
+
+
+def test_typed_prng_key_step_is_planned_once():
+    """A step that takes and returns a typed PRNG key (``jax.random.key``; dropout inside): planned
+    (not "the module changed between extraction and emission"), compiled once, the key keeps its
+    type and value, same losses as without the plugin."""
+    plain, _, _ = _run("train_dropout_key.py")
+    out, run, _ = _run("train_dropout_key.py", JAX_PLUGINS="alpa_pass")
+    assert run["plugin"]["planned"] == 1 and run["plugin"]["failed"] == 0 and run["plugin"]["reused"] >= 1
+    assert run["compiles"]["train_step"] == 1
+    assert out["key_dtype"] == plain["key_dtype"] == "key<fry>" and out["key_data"] == plain["key_data"]
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert all(p["devices"] == 8 for p in out["params"])

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from flax.training import train_state
+from jax.sharding import PartitionSpec as P
 
 import alpa_pass as ap
 from tests.helpers import split_dims
@@ -108,3 +109,26 @@ def test_python_scalar_arguments():
     got = step(x, w, 0.5, 3, True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(x, w, 0.5, 3, True)), rtol=1e-5, atol=1e-6)
     assert step.num_plans == 1
+
+
+def test_typed_prng_key_argument_and_result():
+    """A typed key (rank 0; its module value is uint32[2] key data) is planned replicated and keeps
+    its type: not "P(None,) is only valid for values of rank at least 1"."""
+    def step(w, x, key):
+        key, sub = jax.random.split(key)
+        mask = jax.random.bernoulli(sub, 0.9, x.shape)
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((jnp.where(mask, x, 0.0) @ w) ** 2))(w)
+        return w - 0.1 * grad, loss, key
+
+    w = np.random.default_rng(3).standard_normal((64, 64), dtype=np.float32)
+    x = np.random.default_rng(4).standard_normal((32, 64), dtype=np.float32)
+    key = jax.random.key(0)
+    ref = jax.jit(step)(w, x, key)
+    f = ap.parallelize(step, method=ap.ShardParallel(mesh=MESH))
+    exe = f.get_executable(w, x, key)
+    assert exe.plan.input_specs[2] == P() and exe.plan.output_specs[2] == P()
+    out = f(w, x, key)
+    assert out[2].dtype == key.dtype
+    np.testing.assert_array_equal(jax.random.key_data(out[2]), jax.random.key_data(ref[2]))
+    np.testing.assert_allclose(float(out[1]), float(ref[1]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out[0]), np.asarray(ref[0]), rtol=1e-5, atol=1e-6)

@@ -55,8 +55,9 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         timings["extract"] = time.perf_counter() - t
         ties = node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
         request = PlanRequest.create(graph, lowered.as_text(debug_info=False), leaves, meshes, option,
-                                     ties=ties, pins=node_pins(graph, pinned_args), name=fn_name(fn),
-                                     saved=saved, timings=timings)
+                                     out_avals=jax.tree.leaves(lowered.out_info), ties=ties,
+                                     pins=node_pins(graph, pinned_args), name=fn_name(fn), saved=saved,
+                                     timings=timings)
         plan = plan_request(request, progress)
     return plan, graph, lowered.out_tree
 

@@ -12,6 +12,7 @@ import logging
 import time
 
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from alpa_pass import _core
 from alpa_pass.driver import cache
@@ -54,6 +55,10 @@ def plan_request(request: PlanRequest, progress=None) -> Plan:
             return _plan_one(request, mesh, option, progress)
 
         plan = search_meshes(tuple(request.meshes), bounded)
+    for i in request.key_inputs:  # a key array's spec, not its key data's (planned replicated)
+        plan.input_specs[i] = PartitionSpec()
+    for i in request.key_outputs:
+        plan.output_specs[i] = PartitionSpec()
     check_same_plan(plan, f"plan of {request.name}")
     return plan
 
@@ -104,8 +109,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
     ``progress``: a ``driver.progress.PlanningProgress`` told each stage (optional).
-    ``pins``: (node, core spec) pairs the node's result must have (ValueError naming the node
-    if it has no such strategy).
+    ``pins``: (node, core spec) pairs the node's result must have (an empty spec: replicated;
+    ValueError naming the node if it has no such strategy).
     """
     timings = {} if timings is None else timings
     where = "x".join(map(str, mesh.shape))
@@ -115,7 +120,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
 
     def build(opt):
         return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
-                                            list(graph.donated_args), [(int(v), list(s)) for v, s in pins])
+                                            list(graph.donated_args),
+                                            [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins])
     problem = build(option)
     timings["build"] = time.perf_counter() - t
     if progress is not None:

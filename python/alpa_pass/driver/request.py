@@ -16,7 +16,7 @@ from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import Plan
-from alpa_pass.trace.lower import leaf_aval, output_ties
+from alpa_pass.trace.lower import is_prng_key, leaf_aval, output_ties
 
 
 @dataclasses.dataclass
@@ -28,7 +28,11 @@ class PlanRequest:
       meshes: one LogicalMesh, or a tuple of candidates (the cheapest plan is kept).
       option: the planner options.
       ties: (node, node) pairs whose specs must be equal (outputs tied to the inputs they update).
-      pins: (node, core spec) pairs: forced layouts (presets, pipeline parameters).
+      pins: (node, core spec) pairs: forced layouts (presets, pipeline parameters); an empty
+        spec pins the node replicated on whatever mesh is planned.
+      key_inputs / key_outputs: flat indices of argument / output leaves that are typed PRNG keys:
+        planned replicated, and their specs in the plan are those of the key arrays (rank 0 for
+        a scalar key), not of the key data the module carries.
       fingerprint: the request's identity (see :func:`fingerprint`); keys saved plans and the cache.
       name: the planned function's name (messages, logs).
       saved: a Plan to apply instead of solving (checked against the fingerprint and mesh).
@@ -44,16 +48,26 @@ class PlanRequest:
     name: str = "fn"
     saved: Plan | None = None
     timings: dict = dataclasses.field(default_factory=dict)
+    key_inputs: tuple = ()
+    key_outputs: tuple = ()
 
     @classmethod
     def create(cls, graph: OpGraph, module_text: str, arg_avals, meshes, option: AutoShardingOption, *,
-               ties=(), pins=(), name: str = "fn", saved: Plan | None = None, timings=None) -> "PlanRequest":
+               out_avals=(), ties=(), pins=(), name: str = "fn", saved: Plan | None = None,
+               timings=None) -> "PlanRequest":
         """A request whose fingerprint covers the module, the argument avals, the donated
-        arguments (``graph.donated_args``) and the pins."""
-        ties, pins = tuple(ties), tuple((int(v), tuple(int(a) for a in s)) for v, s in pins)
+        arguments (``graph.donated_args``) and the pins. Typed PRNG key leaves among
+        ``arg_avals`` / ``out_avals`` (flat) are pinned replicated."""
+        key_inputs = tuple(i for i, a in enumerate(arg_avals) if is_prng_key(a))
+        key_outputs = tuple(i for i, a in enumerate(out_avals) if is_prng_key(a))
+        key_nodes = [graph.param_nodes()[i] for i in key_inputs] + [graph.output_nodes()[i] for i in key_outputs]
+        pinned = {int(v): tuple(int(a) for a in s) for v, s in pins}
+        pinned.update((int(v), ()) for v in key_nodes)
+        ties, pins = tuple(ties), tuple(sorted(pinned.items()))
         digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
-                   name=name, saved=saved, timings=dict(timings or {}))
+                   name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,
+                   key_outputs=key_outputs)
 
 
 def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()) -> str:

@@ -52,6 +52,39 @@ def functions(module: ir.Module) -> dict:
     return out
 
 
+_SHARDING_MESH = re.compile(r"#sdy\.sharding<@([\w.$-]+)")
+
+
+def drop_empty_mesh_constraints(module: ir.Module) -> int:
+    """Remove ``sdy.sharding_constraint``s onto a mesh without axes (``@empty_mesh``); returns how many.
+
+    jax adds them for typed PRNG key data (``jax.random.key``, ``nnx.Rngs``) when it lowers without
+    shardings, and not when it lowers with them, so the module a plan is made from and the one it is
+    emitted into would differ by these no-op ops. Input IR state: any module; output: the same
+    module where each such constraint's uses read its operand and the constraint is erased.
+    """
+    empty = {ir.StringAttr(op.attributes["sym_name"]).value for op in module.body.operations
+             if op.operation.name == "sdy.mesh" and "".join(str(op.attributes["mesh"]).split()) == "#sdy.mesh<[]>"}
+    doomed = []
+
+    def visit(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    inner = inner.operation
+                    mesh = _SHARDING_MESH.match(str(inner.attributes["sharding"])) \
+                        if inner.name == "sdy.sharding_constraint" else None
+                    if mesh is not None and mesh.group(1) in empty:
+                        doomed.append(inner)
+                    visit(inner)
+
+    visit(module.operation)
+    for op in doomed:
+        op.results[0].replace_all_uses_with(op.operands[0])
+        op.erase()
+    return len(doomed)
+
+
 def element_bytes(t: ir.Type) -> int:
     """Bytes per element (i1 and sub-byte types count as 1, complex counts both parts)."""
     if isinstance(t, ir.ComplexType):
@@ -171,12 +204,14 @@ class _Walker:
 
 
 def extract_graph(module: ir.Module, entry: str = "main") -> OpGraph:
-    """Extract the flat op graph of ``entry`` (calls inlined) from a StableHLO module.
+    """Extract the flat op graph of ``entry`` (calls inlined) from a StableHLO module (first
+    removing jax's no-op constraints onto ``@empty_mesh``: :func:`drop_empty_mesh_constraints`).
 
     Raises:
       ExtractError: no function ``entry``, a dynamic/unranked shape, an undefined callee.
     Unknown ops become OPAQUE nodes, counted in ``graph.fallbacks`` and logged once per name.
     """
+    drop_empty_mesh_constraints(module)
     funcs = functions(module)
     if entry not in funcs:
         raise ExtractError(f"module has no function @{entry} (functions: {sorted(funcs)}); "

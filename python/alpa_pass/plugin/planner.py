@@ -62,7 +62,8 @@ class PluginPlanner:
         ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals) if option.tie_outputs_to_inputs else []
         pins = method.pins_from_ties(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
         request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,
-                                     option, ties=ties, pins=pins, name=name, timings=timings)
+                                     option, out_avals=closed_jaxpr.out_avals, ties=ties, pins=pins, name=name,
+                                     timings=timings)
         plan = plan_request(request)
         timings = plan.timings
         t = time.perf_counter()

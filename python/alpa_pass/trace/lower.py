@@ -74,6 +74,12 @@ def leaf_aval(x) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
 
 
+def is_prng_key(aval) -> bool:
+    """Whether a leaf is a typed PRNG key array (``jax.random.key``, ``nnx.Rngs``): its StableHLO
+    value is the key *data*, one or more dims longer than the key array itself."""
+    return jax.dtypes.issubdtype(leaf_aval(aval).dtype, jax.dtypes.prng_key)
+
+
 def _signature(tree):
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in map(_shaped, leaves))
