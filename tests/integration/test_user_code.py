@@ -132,3 +132,23 @@ def test_typed_prng_key_argument_and_result():
     np.testing.assert_array_equal(jax.random.key_data(out[2]), jax.random.key_data(ref[2]))
     np.testing.assert_allclose(float(out[1]), float(ref[1]), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(out[0]), np.asarray(ref[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_argument_committed_to_another_layout():
+    """An argument committed to another sharding (an earlier parallelized function's output, or a
+    user ``device_put``) is planned as if uncommitted and resharded on entry (not "Sharding passed
+    to jit does not match")."""
+    def make(w):
+        return jnp.tanh(w) * 2.0
+
+    def use(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2, axis=0)
+
+    w = np.random.default_rng(5).standard_normal((64, 128), dtype=np.float32)
+    x = np.random.default_rng(6).standard_normal((256, 64), dtype=np.float32)
+    made = ap.parallelize(make, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8))))(w)
+    odd = jax.device_put(x, jax.sharding.NamedSharding(MESH.jax_mesh(), P(None, "y")))
+    f = ap.parallelize(use, method=ap.ShardParallel(mesh=MESH))
+    got = f(made, odd)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(use)(np.tanh(w) * 2.0, x)), rtol=1e-5, atol=1e-5)
+    assert f.get_executable(made, odd).input_shardings[1].spec == f.get_executable(w, x).input_shardings[1].spec

@@ -21,7 +21,7 @@ from alpa_pass.errors import CompileError, ExtractError
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import Plan
-from alpa_pass.trace.lower import fn_name, lower
+from alpa_pass.trace.lower import fn_name, leaf_aval, lower
 
 
 def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None = None,
@@ -36,7 +36,10 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
     ``donate_argnums``: positions of ``args`` whose buffers are donated (memory liveness).
     ``pinned_args``: one core spec (tensor dim per mesh axis, -1 = none) or None per flat argument
     leaf: the leaf's layout is forced (presets); part of the plan's fingerprint.
+    Arguments are traced abstractly: one committed to another sharding (another plan's output,
+    a ``device_put``) is planned like an uncommitted one and resharded on entry.
     """
+    args = jax.tree.map(leaf_aval, args)
     with planning_progress(option.show_progress) as progress:
         timings = {}
         progress.stage("trace")
@@ -66,6 +69,7 @@ def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnum
                      saved: Plan | None = None, pinned_args=None) -> tuple[Plan, object]:
     """Plan ``fn(*args)`` (see :func:`make_plan`) and compile it for ``plan.mesh``.
     Returns (plan, jax ``Compiled``)."""
+    args = jax.tree.map(leaf_aval, args)
     plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
                                       pinned_args=pinned_args)
     jmesh = plan.mesh.jax_mesh()
