@@ -210,3 +210,19 @@ def test_typed_prng_key_step_is_planned_once():
     for a, b in zip(out["losses"], plain["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert all(p["devices"] == 8 for p in out["params"])
+
+
+@pytest.mark.parametrize("script", ["train_nnx.py", "train_linen_jit_init.py"])
+def test_library_training_loops_plan_the_step(script):
+    """flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm) and flax linen with a jitted
+    TrainState init (lm1b style): the *step* is planned although the init's outputs arrive
+    committed to the init's plan (alpa_pass owns those layouts and reshards them on entry), it
+    compiles as often as without the plugin, the parameters live on all 8 devices, same losses."""
+    plain, plain_info, _ = _run(script)
+    out, run, stderr = _run(script, JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert "planned train_step on mesh 1x8" in stderr and run["plugin"]["failed"] == 0
+    assert run["compiles"]["train_step"] == plain_info["compiles"]["train_step"] == 1
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert len(out["losses"]) == 4 and all(p["devices"] == 8 for p in out["params"])
+    assert any("'y'" in p["spec"] for p in out["params"]), out["params"]

@@ -16,7 +16,7 @@ from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import Plan
-from alpa_pass.trace.lower import is_prng_key, leaf_aval, output_ties
+from alpa_pass.trace.lower import canonical_text, is_prng_key, leaf_aval, output_ties
 
 
 @dataclasses.dataclass
@@ -80,7 +80,7 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
       donated: flat indices of donated argument leaves (donation changes memory liveness).
       pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
     """
-    h = hashlib.sha256(module_text.encode())
+    h = hashlib.sha256(canonical_text(module_text).encode())
     for a in map(leaf_aval, arg_avals):
         h.update(f"|{tuple(a.shape)}:{a.dtype}:{bool(getattr(a, 'weak_type', False))}".encode())
     h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())

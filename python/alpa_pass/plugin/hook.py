@@ -23,6 +23,7 @@ import threading
 from alpa_pass import _compat
 from alpa_pass.errors import AlpaPassError, MeshError
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
+from alpa_pass.trace.lower import canonical_text
 
 log = logging.getLogger("alpa_pass")
 
@@ -69,6 +70,7 @@ class LoweringHook:
         self._cache: dict = {}
         self._planner = None
         self._local = threading.local()
+        self._owned_meshes: set = set()  # (device ids, axis names) of the meshes of our plans
 
     def __call__(self, original, closed_jaxpr, api_name, fun_name, in_shardings, out_shardings,
                  in_layouts, out_layouts, donated_invars, **kwargs):
@@ -89,10 +91,10 @@ class LoweringHook:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
                     return entry.computation
-            elif all(_compat.is_unspecified(s) for s in in_shardings):
+            elif all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings):
                 return self._plan_new(key, probe, original, args, kwargs)
             else:
-                reason = "arguments committed to shardings"
+                reason = "arguments committed to shardings of the user's"
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
         return original(*args, **kwargs)
@@ -126,13 +128,21 @@ class LoweringHook:
             return "no dot or convolution (an initialiser or elementwise helper)"
         return None
 
-    @staticmethod
-    def _reuse_reason(entry: Entry, in_shardings) -> str | None:
+    def owns(self, sharding) -> bool:
+        """Whether ``sharding`` is a layout one of our plans produced (a NamedSharding over the mesh
+        of a plan): arguments committed to it are resharded into the next plan's layouts on entry,
+        unlike the user's own shardings, which are left alone."""
+        mesh = getattr(sharding, "mesh", None)
+        devices = getattr(mesh, "devices", None)
+        return devices is not None and (tuple(d.id for d in devices.flat), tuple(mesh.axis_names)) in self._owned_meshes
+
+    def _reuse_reason(self, entry: Entry, in_shardings) -> str | None:
         """None when ``entry``'s computation can run these arguments, else why not."""
         if entry.computation is None:
             return "planning it failed before"
-        if not all(_compat.is_unspecified(s) or s == p for s, p in zip(in_shardings, entry.in_shardings)):
-            return "arguments committed to shardings other than its plan's"
+        if not all(_compat.is_unspecified(s) or s == p or self.owns(s)
+                   for s, p in zip(in_shardings, entry.in_shardings)):
+            return "arguments committed to shardings of the user's, not the plan's"
         return None
 
     def _plan_new(self, key, probe, original, args, kwargs):
@@ -156,15 +166,18 @@ class LoweringHook:
         finally:
             self._local.busy = False
         self._cache[key] = entry
+        mesh = entry.plan.mesh.jax_mesh()
+        self._owned_meshes.add((tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names)))
         self.stats.planned += 1
         return entry.computation
+
 
 def _cache_key(probe, args, kwargs):
     """The computation's identity: a digest of the module jax lowers without shardings (the same
     for the first call and for calls that feed committed outputs back in, whose retraced jaxprs
     differ), plus donation, layouts and lowering options."""
     _, api_name, fun_name, _, _, in_layouts, out_layouts, donated = args
-    text = str(_compat.computation_module(probe))
+    text = canonical_text(_compat.computation_module(probe).operation.get_asm(enable_debug_info=False))
     return (api_name, fun_name, hashlib.sha256(text.encode()).hexdigest(), len(text), tuple(donated),
             tuple(in_layouts), tuple(out_layouts), kwargs["keep_unused"], kwargs["compiler_options_kvs"])
 

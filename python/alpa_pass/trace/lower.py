@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 
@@ -62,6 +63,21 @@ def output_ties(args, outputs) -> list[tuple[int, int]]:
                 ties.extend((out_start + k, arg_start[j] + k) for k in range(len(sig[1])))
                 break
     return ties
+
+
+_PRIVATE_FUNC = re.compile(r"func\.func private @([\w.$-]+)")
+
+
+def canonical_text(module_text: str) -> str:
+    """Module text with private function names renumbered in order of definition (``@_where_11``
+    -> ``@_f0``): jax numbers helper functions by a process-wide counter, so the same computation
+    lowered twice (step 2 of a training loop) differs only in those names."""
+    names = list(dict.fromkeys(_PRIVATE_FUNC.findall(module_text)))
+    if not names:
+        return module_text
+    rename = {n: f"_f{i}" for i, n in enumerate(names)}
+    pattern = re.compile("@(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?![\w.$-])")
+    return pattern.sub(lambda m: "@" + rename[m.group(1)], module_text)
 
 
 def leaf_aval(x) -> jax.ShapeDtypeStruct:
