@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 
 import jax
-from jax.extend.core import Primitive
+from jax.extend.core import ClosedJaxpr, Primitive, jaxpr_as_fun
 
 _MODE = threading.local()
 
@@ -37,6 +38,7 @@ class GradInfo:
       diff_mask: per input leaf, whether its gradient is taken (leaves of ``argnums``).
       has_aux, return_value: ``jax.value_and_grad``'s has_aux; ``grad`` returns no value.
       out_avals / out_tree: the equation's outputs, leaves of ``(value, grads)``.
+      num_hoisted: trailing inputs that are values ``fun`` closed over (``_hoist_closure``).
     """
 
     fun: object
@@ -46,6 +48,7 @@ class GradInfo:
     return_value: bool
     out_avals: tuple
     out_tree: object
+    num_hoisted: int = 0
 
 
 @contextlib.contextmanager
@@ -84,24 +87,54 @@ def grad(fun, argnums=0, has_aux: bool = False):
     return _grad_fn(fun, argnums, has_aux, return_value=False)
 
 
+def _hoist_closure(fun, args):
+    """``(fun2, hoisted)``: ``fun2(*args, *hoisted)`` computes ``fun(*args)`` with the traced values
+    ``fun`` closes over (the flax idiom ``def loss_fn(params): ... batch ...`` inside the step)
+    passed as extra, non-differentiated arguments, so the pipeline sees them as marker inputs
+    instead of constants baked into the loss. Concrete constants stay closed over."""
+    with _mode("boundaries"):  # the jaxpr keeps the loss's pipeline_boundary equations
+        closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
+    hoisted = [i for i, c in enumerate(closed.consts) if isinstance(c, jax.core.Tracer)]
+    if not hoisted:
+        return fun, []
+    nargs, out_tree = len(jax.tree.leaves(args)), jax.tree.structure(out_shape)
+
+    @functools.wraps(fun)
+    def fun2(*all_args):
+        consts = list(closed.consts)
+        for i, value in zip(hoisted, all_args[len(args):]):
+            consts[i] = value
+        flat = jax.tree.leaves(all_args[:len(args)])
+        assert len(flat) == nargs
+        return jax.tree.unflatten(out_tree, jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))(*flat))
+
+    return fun2, [closed.consts[i] for i in hoisted]
+
+
 def _grad_fn(fun, argnums, has_aux, return_value):
     plain = (jax.value_and_grad if return_value else jax.grad)(fun, argnums=argnums, has_aux=has_aux)
 
     def wrapped(*args):
         if getattr(_MODE, "name", None) != "grads":
             return plain(*args)
-        with _mode(None):
-            out_shape = jax.eval_shape(jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux), *args)
-        leaves, in_tree = jax.tree.flatten(args)
-        nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-        mask = []
-        for i, a in enumerate(args):
-            mask += [i in nums] * len(jax.tree.leaves(a))
-        out_leaves, out_tree = jax.tree.flatten(out_shape)
-        info = GradInfo(fun, in_tree, tuple(mask), has_aux, return_value,
-                        tuple(jax.core.ShapedArray(o.shape, o.dtype) for o in out_leaves), out_tree)
-        value, grads = jax.tree.unflatten(out_tree, grad_marker_p.bind(*leaves, info=info))
-        return (value, grads) if return_value else (
-            (grads, value[1]) if has_aux else grads)
+        fun_, hoisted = _hoist_closure(fun, args)
+        return _marker(fun_, (*args, *hoisted), argnums, has_aux, return_value, len(hoisted))
 
     return wrapped
+
+
+def _marker(fun, args, argnums, has_aux, return_value, num_hoisted):
+    """One ``grad_marker`` equation standing for ``value_and_grad(fun, argnums, has_aux)(*args)``."""
+    with _mode(None):
+        out_shape = jax.eval_shape(jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux), *args)
+    leaves, in_tree = jax.tree.flatten(args)
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    mask = []
+    for i, a in enumerate(args):
+        mask += [i in nums] * len(jax.tree.leaves(a))
+    out_leaves, out_tree = jax.tree.flatten(out_shape)
+    info = GradInfo(fun, in_tree, tuple(mask), has_aux, return_value,
+                    tuple(jax.core.ShapedArray(o.shape, o.dtype) for o in out_leaves), out_tree, num_hoisted)
+    value, grads = jax.tree.unflatten(out_tree, grad_marker_p.bind(*leaves, info=info))
+    return (value, grads) if return_value else (
+        (grads, value[1]) if has_aux else grads)

@@ -100,7 +100,16 @@ def trace_step(fn, args, batch_argnums, loss_avals) -> TracedStep:
         start += n
     info = marker.params["info"]
     batch_mask = [i in batch_leaves for i in marker_arg]
-    loss = _trace_loss(info, loss_avals([avals[i] for i in marker_arg], batch_mask))
+    loss_info = info
+    if info.num_hoisted:
+        # the loss closes over step values (``def loss_fn(params): ... batch ...``): its hoisted
+        # form replays a jaxpr traced at full-batch shapes (a mean's divisor is a literal there),
+        # so take the loss from the step traced again at one micro-batch
+        micro = loss_avals(avals, [i in batch_leaves for i in range(len(avals))])
+        if micro != avals:
+            with recording_grads():
+                loss_info = _the_marker(inline_calls(jax.make_jaxpr(flat_step)(*micro)), fn).params["info"]
+    loss = _trace_loss(loss_info, loss_avals([avals[i] for i in marker_arg], batch_mask))
     return TracedStep(step, trees["out"], marker, info, marker_arg, batch_mask, loss)
 
 
