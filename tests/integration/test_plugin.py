@@ -86,16 +86,17 @@ def test_unchanged_flax_script_matches_and_is_sharded():
     assert len(kernels) == 4 and any("'y'" in s for s in kernels), kernels
 
 
-@pytest.mark.parametrize("method", ["data", "zero3"])
+@pytest.mark.parametrize("method", ["data", "zero2", "zero3"])
 def test_preset_methods_for_plain_jit(plain_run, method):
     """ALPA_PASS_METHOD=data keeps the state (arguments the step returns) replicated and splits the
-    batch; zero3 splits every 2-D state leaf over all 8 devices. Same losses either way."""
+    batch; zero2 keeps the parameters (found from the loss) replicated and shards the optimizer
+    state; zero3 splits every 2-D parameter over all 8 devices. Same losses either way."""
     out, run, _ = _run("train_mlp.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_METHOD=method)
     assert run["plugin"]["planned"] == 1 and run["plugin"]["failed"] == 0
     for a, b in zip(out["losses"], plain_run[0]["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     kernels = [p["spec"] for p in out["params"][1::2]]  # leaves: bias, kernel per layer
-    if method == "data":
+    if method in ("data", "zero2"):
         # replicated: no mesh axis named in any parameter's spec
         assert not any("'x'" in p["spec"] or "'y'" in p["spec"] for p in out["params"]), out["params"]
     else:

@@ -73,26 +73,33 @@ def test_trainstate_with_python_int_step(reference):
     assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(new_state.params))
 
 
-@pytest.mark.parametrize("preset", [ap.DataParallel, ap.Zero3Parallel])
-def test_presets_on_a_trainstate_by_attribute_name(reference, preset):
-    """``params_at=(0, "params")`` names the TrainState's ``params`` attribute: data parallelism
-    replicates the kernels, ZeRO-3 splits each 2-D kernel over all 8 devices; same losses."""
+@pytest.mark.parametrize("params_at", [None, (0, "params")])
+@pytest.mark.parametrize("preset", [ap.DataParallel, ap.Zero2Parallel, ap.Zero3Parallel])
+def test_presets_on_a_trainstate(reference, preset, params_at):
+    """The presets find a TrainState's parameters themselves (or ``params_at=(0, "params")`` names
+    the attribute): data parallelism and ZeRO-2 replicate the kernels, ZeRO-3 splits each 2-D
+    kernel over all 8 devices; ZeRO-2/3 split Adam's moments; same losses."""
     _, ref_losses = reference
     state, x, y = _state_and_data()
-    step = ap.parallelize(train_step, method=preset(mesh=MESH, params_at=(0, "params"), batch_argnums=(1, 2)))
+    step = ap.parallelize(train_step, method=preset(mesh=MESH, params_at=params_at, batch_argnums=(1, 2)))
     exe = step.get_executable(state, x, y)
     _, losses = _run(step, state, x, y)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     paths = jax.tree_util.tree_flatten_with_path((state, x, y))[0]
     kernels = [(spec, leaf) for (path, leaf), spec in zip(paths, exe.plan.input_specs)
                if "params" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)]
-    assert len(kernels) == 3
+    moments = [(spec, leaf) for (path, leaf), spec in zip(paths, exe.plan.input_specs)
+               if "opt_state" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)]
+    assert len(kernels) == 3 and len(moments) == 6
     for spec, leaf in kernels:
         dims = split_dims(spec, leaf.ndim, MESH)
-        if preset is ap.DataParallel:
-            assert dims == {}
-        else:
+        if preset is ap.Zero3Parallel:
             assert sorted(a for axes in dims.values() for a in axes) == ["x", "y"]
+        else:
+            assert dims == {}
+    for spec, leaf in moments:
+        dims = split_dims(spec, leaf.ndim, MESH)
+        assert (dims == {}) == (preset is ap.DataParallel)
     batch_spec = exe.plan.input_specs[len(paths) - 2]
     assert split_dims(batch_spec, 2, MESH) == {0: ("x", "y")}
 

@@ -25,7 +25,7 @@ from alpa_pass.trace.lower import fn_name, leaf_aval, lower
 
 
 def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None = None,
-              donate_argnums=(), pinned_args=None):
+              donate_argnums=(), pinned_args=None, pin_policy=None):
     """Trace, extract, build and solve: the Plan for ``fn(*args)`` (nothing compiled).
 
     Returns (plan, graph, out_treedef).
@@ -35,7 +35,9 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
     (PlanMismatchError unless it was made for this function signature, mesh and jax).
     ``donate_argnums``: positions of ``args`` whose buffers are donated (memory liveness).
     ``pinned_args``: one core spec (tensor dim per mesh axis, -1 = none) or None per flat argument
-    leaf: the leaf's layout is forced (presets); part of the plan's fingerprint.
+    leaf: the leaf's layout is forced (pipeline apply programs); part of the plan's fingerprint.
+    ``pin_policy``: ``policy(graph, ties, args) -> [(node, core spec)]``, more forced layouts
+    decided on the extracted step (presets: ``methods.presets.PresetParallel.pins``).
     Arguments are traced abstractly: one committed to another sharding (another plan's output,
     a ``device_put``) is planned like an uncommitted one and resharded on entry.
     """
@@ -57,21 +59,24 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         graph.donated_args = donated_leaves(args, donate_argnums)
         timings["extract"] = time.perf_counter() - t
         ties = node_ties(graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
+        pins = node_pins(graph, pinned_args)
+        if pin_policy is not None:
+            pins += pin_policy(graph, ties, args)
         request = PlanRequest.create(graph, lowered.as_text(debug_info=False), leaves, meshes, option,
                                      out_avals=jax.tree.leaves(lowered.out_info), ties=ties,
-                                     pins=node_pins(graph, pinned_args), name=fn_name(fn), saved=saved,
+                                     pins=pins, name=fn_name(fn), saved=saved,
                                      timings=timings)
         plan = plan_request(request, progress)
     return plan, graph, lowered.out_tree
 
 
 def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnums=(),
-                     saved: Plan | None = None, pinned_args=None) -> tuple[Plan, object]:
+                     saved: Plan | None = None, pinned_args=None, pin_policy=None) -> tuple[Plan, object]:
     """Plan ``fn(*args)`` (see :func:`make_plan`) and compile it for ``plan.mesh``.
     Returns (plan, jax ``Compiled``)."""
     args = jax.tree.map(leaf_aval, args)
     plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
-                                      pinned_args=pinned_args)
+                                      pinned_args=pinned_args, pin_policy=pin_policy)
     jmesh = plan.mesh.jax_mesh()
     t = time.perf_counter()
     treedef = jax.tree.structure(args)

@@ -13,17 +13,16 @@ sharding ILP plan everything in between; the step's outputs are tied to its inpu
 "Sharded" means split on the leaf's largest dim that the device count divides (ties: the first),
 over all mesh axes; a leaf with no such dim stays replicated.
 
-The arguments follow Alpa's training-step convention ``train_step(state, batch)`` with
-``state = (params, opt_state)``: ``batch_argnums`` says which arguments are batches and
-``params_at`` where the parameter pytree sits inside the arguments; every other leaf of the
-non-batch arguments is optimizer (or other) state.
+``batch_argnums`` says which arguments are batches (default: ``train_step(state, batch)``).
+The parameters are found from the step itself (:func:`find_params`: the leaves whose new values
+the step returns and that its scalar loss depends on), so a flax ``TrainState``, an NNX
+``nnx.split`` state, an Equinox ``eqx.partition`` or ``(params, opt_state)`` need no path;
+``params_at`` names them explicitly instead. Every other non-batch leaf is optimizer (or other)
+state.
 
-The plugin (``ALPA_PASS_METHOD=data|zero3``) sees flat argument leaves, not pytrees: there
-:meth:`PresetParallel.pins_from_ties` takes the *state* to be the arguments whose new values the
-computation returns (the output ties) and the *batch* to be every other argument with a leading
-dim the device count divides; state is pinned as the preset pins parameters, except that ZeRO-3
-leaves 1-D state to the planner. ZeRO-2 needs to tell parameters from optimizer state, which flat
-leaves do not say.
+The plugin (``ALPA_PASS_METHOD=data|zero2|zero3``) sees flat argument leaves, not pytrees: there
+the batch is every leaf the step does not return a new value of whose dim 0 the device count
+divides (:meth:`PresetParallel.pins` with ``args=None``).
 """
 from __future__ import annotations
 
@@ -50,13 +49,13 @@ class PresetParallel(IntraOpMethod):
       params_at: path of the parameter pytree inside the positional arguments: sequence
         indices, dict keys or attribute names (``(0, 0)``: ``state[0]`` of
         ``train_step((params, opt_state), batch)``; ``(0, "params")``: ``state.params`` of a
-        flax ``TrainState``).
+        flax ``TrainState``). ``None`` (default): found from the step (:func:`find_params`).
     """
 
     mesh: LogicalMesh | None = None
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     batch_argnums: tuple[int, ...] = (1,)
-    params_at: tuple[int, ...] = (0, 0)
+    params_at: tuple | None = None
 
     def __post_init__(self):
         if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
@@ -66,7 +65,9 @@ class PresetParallel(IntraOpMethod):
             raise TypeError(f"{type(self).__name__}(option=...) takes an AutoShardingOption, "
                             f"got {type(self.option).__name__}")
         object.__setattr__(self, "batch_argnums", tuple(int(i) for i in self.batch_argnums))
-        object.__setattr__(self, "params_at", tuple(i if isinstance(i, str) else int(i) for i in self.params_at))
+        if self.params_at is not None:
+            object.__setattr__(self, "params_at",
+                               tuple(i if isinstance(i, str) else int(i) for i in self.params_at))
 
     def resolved_mesh(self) -> LogicalMesh:
         """The mesh (``None``: all devices as 1 x N)."""
@@ -82,46 +83,70 @@ class PresetParallel(IntraOpMethod):
     def _state_spec(self, shape, n: int):
         return zero_dim(shape, n)
 
-    def pinned_args(self, args, mesh: LogicalMesh) -> list[list[int]]:
-        """One core spec (tensor dim per mesh axis, -1 = none) per flat leaf of ``args``.
+    def pin_policy(self, mesh: LogicalMesh):
+        return lambda graph, ties, args: self.pins(graph, ties, mesh, args)
+
+    def pins(self, graph, ties, mesh: LogicalMesh, args=None) -> list[tuple[int, list[int]]]:
+        """(parameter node, core spec) pins of the preset for an extracted step.
+
+        ``args``: the step's positional arguments (``ap.parallelize``): batches are the leaves of
+        ``batch_argnums``, every other leaf is a parameter or state. ``None`` (the plugin, which
+        sees flat leaves): batches are the leaves the step does not return a new value of (no
+        tie) whose dim 0 the device count divides; other untied leaves are left to the planner.
+        Parameters are the leaves at ``params_at``, or else :func:`find_params`'s.
 
         Raises:
-          ShardingError: a batch leaf whose dim 0 the device count does not divide, or an
-            argument position / ``params_at`` path the arguments do not have.
+          ShardingError: a batch leaf whose dim 0 the device count does not divide, a
+            ``params_at`` path the arguments do not have, or no parameters found.
         """
-        n = mesh.num_devices
-        out = []
-        params = _params_leaf_ids(args, self.params_at)
-        for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tuple(args))[0]):
-            shape = tuple(np.shape(leaf))
-            if path[0].idx in self.batch_argnums:
-                dim = _batch_dim(path, shape, n)
-            elif i in params:
-                dim = self._param_spec(shape, n)
-            else:
-                dim = self._state_spec(shape, n)
-            out.append([dim if size > 1 else -1 for size in mesh.shape])
-        return out
-
-    def pins_from_ties(self, graph, ties, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
-        """(parameter node, core spec) pins for an extracted plain-jit graph (the plugin): the tied
-        parameters are the state, every other parameter with a divisible dim 0 is the batch."""
-        n = mesh.num_devices
-        state = {param for _, param in ties}
+        n, nodes = mesh.num_devices, graph.param_nodes()
+        tied = {p for _, p in ties}
+        if args is not None:
+            paths = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+            shapes = [tuple(np.shape(leaf)) for _, leaf in paths]
+            batch = {i for i, (path, _) in enumerate(paths) if path[0].idx in self.batch_argnums}
+            for i in batch:
+                _batch_dim(paths[i][0], shapes[i], n)
+        else:
+            shapes = [graph.shape(v) for v in nodes]
+            batch = {i for i, v in enumerate(nodes) if v not in tied and shapes[i] and shapes[i][0] % n == 0 and n > 1}
+        params = _params_leaf_ids(args, self.params_at) if self.params_at is not None else find_params(graph, ties)
         pins = []
-        for v in graph.param_nodes():
-            shape = graph.shape(v)
-            if v in state:
-                dim = self._flat_state_spec(shape, n)
+        for i, v in enumerate(nodes):
+            if i in batch:
+                dim = 0
+            elif i in params:
+                dim = self._param_spec(shapes[i], n)
+            elif args is not None or v in tied:
+                dim = self._state_spec(shapes[i], n)
             else:
-                dim = 0 if shape and shape[0] % n == 0 and n > 1 else None
-            if dim is not None:
-                pins.append((v, [dim if size > 1 else -1 for size in mesh.shape]))
+                continue
+            pins.append((v, [dim if size > 1 else -1 for size in mesh.shape]))
         return pins
 
-    def _flat_state_spec(self, shape, n: int):
-        """The state dim under ``pins_from_ties`` (None: left to the planner)."""
-        return self._param_spec(shape, n)
+
+def find_params(graph, ties) -> set[int]:
+    """Flat argument indices of the step's parameters: the leaves the step returns new values of
+    (tied to an output) that its loss depends on. The loss is an output the step returns that is
+    a scalar and no argument's new value; optimizer state (Adam's moments, a step counter) is tied
+    too but the loss does not read it.
+
+    Raises ShardingError when the step returns no such scalar or no tied leaf reaches it.
+    """
+    tied_outputs, tied = {o for o, _ in ties}, {p for _, p in ties}
+    losses = [o for o in graph.output_nodes() if o not in tied_outputs and graph.shape(o) == ()]
+    seen, stack = set(), list(losses)
+    while stack:
+        v = stack.pop()
+        if v not in seen:
+            seen.add(v)
+            stack.extend(graph.operands(v))
+    params = {i for i, v in enumerate(graph.param_nodes()) if v in tied and v in seen}
+    if not params:
+        raise ShardingError("could not find the parameters: the step must return new values of its "
+                            "parameters and a scalar loss computed from them; otherwise say where they "
+                            "are with params_at= (e.g. (0, 0) for train_step((params, opt_state), batch))")
+    return params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +173,6 @@ class Zero2Parallel(PresetParallel):
     def planning_option(self):
         return dataclasses.replace(self.option, merge_followers=False, prefer_reduce_scatter=True)
 
-    def pins_from_ties(self, graph, ties, mesh):
-        raise ShardingError("Zero2Parallel needs to tell parameters from optimizer state, which the flat "
-                            "arguments of a plain jax.jit do not say; use "
-                            "ap.parallelize(step, method=ap.Zero2Parallel())")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +185,6 @@ class Zero3Parallel(PresetParallel):
 
     def planning_option(self):
         return dataclasses.replace(self.option, merge_followers=False)
-
-    def _flat_state_spec(self, shape, n):
-        return self._param_spec(shape, n) if len(shape) > 1 else None
 
 
 def zero_dim(shape: tuple[int, ...], n: int) -> int:

@@ -20,7 +20,7 @@ class IntraOpMethod(ParallelMethod):
     """A method whose executable is one intra-op plan: ``ShardParallel`` and the presets.
 
     Subclasses say what differs: :meth:`resolved_mesh`, :meth:`planning_option`,
-    :meth:`pinned_args` (forced argument layouts) and :attr:`saved_plan`.
+    :meth:`pin_policy` / :meth:`pins` (forced argument layouts) and :attr:`saved_plan`.
     """
 
     saved_plan: Plan | None = None
@@ -32,29 +32,30 @@ class IntraOpMethod(ParallelMethod):
         """The options the planner runs with."""
         return self.option
 
-    def pinned_args(self, args, mesh: LogicalMesh):
-        """One core spec or None per flat argument leaf (None: the planner chooses)."""
+    def pin_policy(self, mesh: LogicalMesh):
+        """None, or ``policy(graph, ties, args) -> [(node, core spec)]``: layouts the method
+        forces once the step is extracted (presets)."""
         return None
 
-    def pins_from_ties(self, graph, ties, mesh: LogicalMesh) -> list:
-        """(parameter node, core spec) pins for a graph whose arguments are flat leaves (the
-        plugin), given its output ties: none unless the method forces layouts."""
+    def pins(self, graph, ties, mesh: LogicalMesh, args=None) -> list:
+        """(parameter node, core spec) pins for an extracted graph; ``args`` None when its
+        arguments are flat leaves (the plugin): none unless the method forces layouts."""
         return []
 
     def build_executable(self, fn, args, donate_argnums) -> Executable:
         mesh = self.resolved_mesh()
         plan, compiled = plan_and_compile(fn, args, mesh, self.planning_option(), donate_argnums,
-                                          saved=self.saved_plan, pinned_args=self._pins(args, mesh))
+                                          saved=self.saved_plan, pin_policy=self._policy(mesh))
         return Executable(plan, compiled, jax.tree.structure(args), jax.tree.structure(compiled.output_shardings))
 
     def plan_for(self, fn, args, donate_argnums) -> Plan:
         mesh = self.resolved_mesh()
         plan, _, _ = make_plan(fn, args, mesh, self.planning_option(), saved=self.saved_plan,
-                               donate_argnums=donate_argnums, pinned_args=self._pins(args, mesh))
+                               donate_argnums=donate_argnums, pin_policy=self._policy(mesh))
         return plan
 
-    def _pins(self, args, mesh):
-        return None if isinstance(mesh, tuple) else self.pinned_args(args, mesh)
+    def _policy(self, mesh):
+        return None if isinstance(mesh, tuple) else self.pin_policy(mesh)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ from alpa_pass.errors import AlpaPassError
 
 PLUGIN_NAME = "alpa_pass"
 METHODS = ("shard", "data", "zero2", "zero3")
-IMPLEMENTED_METHODS = ("shard", "data", "zero3")
 DEFAULT_MIN_BYTES = 1 << 20
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
@@ -33,7 +32,7 @@ class PluginConfig:
     """What ``JAX_PLUGINS=alpa_pass`` does, from the environment.
 
     Attributes:
-      method: "shard" (ShardParallel), "data" or "zero3" (presets: see methods/presets.py).
+      method: "shard" (ShardParallel), "data", "zero2" or "zero3" (presets: see methods/presets.py).
       mesh_shape: logical mesh shape, e.g. ``(2, 4)``; ``"auto"`` = search the shapes of the device
         count and keep the cheapest plan; ``None`` = all devices as ``1 x N``.
       memory_budget_bytes: per-device memory budget the plans must fit, or ``None``.
@@ -67,11 +66,6 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
     method = method.lower()
     if method not in METHODS:
         raise PluginConfigError(f"ALPA_PASS_METHOD={method!r} is not one of {', '.join(METHODS)}")
-    if method not in IMPLEMENTED_METHODS:
-        raise PluginConfigError(f"ALPA_PASS_METHOD={method!r} is not available for plain jax.jit: ZeRO-2 "
-                                f"needs to tell parameters from optimizer state, which flat arguments "
-                                f"do not say; use ap.parallelize(step, method=ap.Zero2Parallel()), or "
-                                f"ALPA_PASS_METHOD=shard|data|zero3")
     mesh_shape = parse_mesh(_get(environ, "ALPA_PASS_MESH"))
     if method != "shard" and mesh_shape == "auto":
         raise PluginConfigError(f"ALPA_PASS_MESH='auto' works with ALPA_PASS_METHOD=shard only; give "

@@ -22,7 +22,7 @@ from alpa_pass.emit.plan_emission import emit_plan
 from alpa_pass.errors import ExtractError
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.methods.presets import DataParallel, Zero3Parallel
+from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel
 from alpa_pass.methods.shard import ShardParallel
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
@@ -31,7 +31,7 @@ from alpa_pass.plugin.report import write_report
 log = logging.getLogger("alpa_pass")
 
 # ALPA_PASS_METHOD -> the method whose planning option and pins the plugin uses.
-PLUGIN_METHODS = {"shard": ShardParallel, "data": DataParallel, "zero3": Zero3Parallel}
+PLUGIN_METHODS = {"shard": ShardParallel, "data": DataParallel, "zero2": Zero2Parallel, "zero3": Zero3Parallel}
 
 
 class PluginPlanner:
@@ -60,7 +60,7 @@ class PluginPlanner:
         method, meshes = self.method()
         option = method.planning_option()
         ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals) if option.tie_outputs_to_inputs else []
-        pins = method.pins_from_ties(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
+        pins = method.pins(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
         request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,
                                      option, out_avals=closed_jaxpr.out_avals, ties=ties, pins=pins, name=name,
                                      timings=timings)
