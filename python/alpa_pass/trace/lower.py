@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 
 import jax
@@ -65,19 +66,55 @@ def output_ties(args, outputs) -> list[tuple[int, int]]:
     return ties
 
 
-_PRIVATE_FUNC = re.compile(r"func\.func private @([\w.$-]+)")
+_TOP_LEVEL_OP = re.compile(r"^  [^ }]")
+_FUNC_NAME = re.compile(r"^  func\.func (private |public )?@([\w.$-]+)")
+_SYMBOL = re.compile(r"@([\w.$-]+)")
 
 
 def canonical_text(module_text: str) -> str:
-    """Module text with private function names renumbered in order of definition (``@_where_11``
-    -> ``@_f0``): jax numbers helper functions by a process-wide counter, so the same computation
-    lowered twice (step 2 of a training loop) differs only in those names."""
-    names = list(dict.fromkeys(_PRIVATE_FUNC.findall(module_text)))
-    if not names:
-        return module_text
-    rename = {n: f"_f{i}" for i, n in enumerate(names)}
-    pattern = re.compile("@(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?![\w.$-])")
-    return pattern.sub(lambda m: "@" + rename[m.group(1)], module_text)
+    """Module text that is the same for the same computation however jax named, ordered and
+    duplicated its private helper functions: jax numbers them by a process-wide counter
+    (``@_where_2`` becomes ``@_where_11`` when step 2 of a training loop lowers again) and emits one
+    helper once or twice depending on its caches. Each private function is named by a digest of its
+    body with its callees' names already so replaced (``@_h<digest>``); identical functions become
+    one definition; definitions are sorted by name."""
+    lines = module_text.splitlines()
+    chunks, current = [], []
+    for line in lines[1:-1]:  # between "module ... {" and the closing "}"
+        if _TOP_LEVEL_OP.match(line) and current:
+            chunks.append(current)
+            current = []
+        current.append(line)
+    if current:
+        chunks.append(current)
+    funcs, public, others = {}, [], []
+    for chunk in chunks:
+        m = _FUNC_NAME.match(chunk[0])
+        if m is None:
+            others.append("\n".join(chunk))
+        else:
+            funcs[m.group(2)] = "\n".join(chunk)
+            if m.group(1) != "private ":
+                public.append(m.group(2))
+    names: dict = {}
+
+    def canonical(name):  # jax's helper calls form a DAG: no recursion to guard against
+        if name not in names:
+            def sub(m):
+                sym = m.group(1)
+                return "@" + (canonical(sym) if sym in funcs and sym != name and sym not in public else sym)
+
+            body = _SYMBOL.sub(sub, funcs[name].replace(f"@{name}(", "@(", 1))
+            names[name] = "_h" + hashlib.sha256(body.encode()).hexdigest()[:16]
+        return names[name]
+
+    def renamed(text):
+        return _SYMBOL.sub(lambda m: "@" + (canonical(m.group(1)) if m.group(1) in funcs and m.group(1)
+                                            not in public else m.group(1)), text)
+
+    private = {canonical(n): renamed(funcs[n]) for n in funcs if n not in public}
+    body = others + [renamed(funcs[n]) for n in public] + [private[k] for k in sorted(private)]
+    return "\n".join([lines[0] if lines else "", *body, lines[-1] if len(lines) > 1 else ""])
 
 
 def leaf_aval(x) -> jax.ShapeDtypeStruct:
