@@ -214,13 +214,14 @@ def test_typed_prng_key_step_is_planned_once():
 
 
 @pytest.mark.parametrize("script", ["train_nnx.py", "train_linen_jit_init.py", "train_equinox.py",
-                                    "train_keras.py"])
+                                    "train_keras.py", "train_multisteps.py"])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); flax linen with a jitted
     TrainState init (lm1b style: the init's outputs arrive committed to the init's plan, which
     alpa_pass owns and reshards on entry); Equinox (filter_jit, typed keys, Dropout); Keras 3
-    ``model.fit`` over 3 epochs (its step re-lowered with renumbered, re-ordered helpers). The
+    ``model.fit`` over 3 epochs (its step re-lowered with renumbered, re-ordered helpers); optax
+    ``MultiSteps`` gradient accumulation (the update under a ``lax.cond``). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)
