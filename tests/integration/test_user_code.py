@@ -201,3 +201,72 @@ def test_pipeshard_on_a_trainstate_with_a_closure_loss(schedule):
     assert int(new_state.step) == 2
     for want, got in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def _nnx_case():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(HIDDEN, HIDDEN, rngs=rngs)
+            self.bn = nnx.BatchNorm(HIDDEN, rngs=rngs)
+            self.l2 = nnx.Linear(HIDDEN, HIDDEN, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(nnx.relu(self.bn(self.l1(x))))
+
+    model = Net(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+
+    def step(state, x, y):  # the functional form of an nnx.jit step over nnx.split state
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    return step, state
+
+
+def _equinox_case():
+    import equinox as eqx
+
+    model = eqx.nn.MLP(HIDDEN, HIDDEN, HIDDEN, depth=2, activation=jax.nn.relu, key=jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    optimizer = optax.adam(1e-2)
+
+    def step(state, x, y):
+        params, opt_state = state
+        def loss_fn(params):
+            return jnp.mean((jax.vmap(eqx.combine(params, static))(x) - y) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (eqx.apply_updates(params, updates), opt_state), loss
+
+    return step, (params, optimizer.init(params))
+
+
+@pytest.mark.parametrize("case", [_nnx_case, _equinox_case], ids=["nnx", "equinox"])
+@pytest.mark.parametrize("method", [ap.ShardParallel, ap.Zero2Parallel, ap.Zero3Parallel])
+def test_nnx_and_equinox_steps_through_parallelize(case, method):
+    """An NNX step over ``nnx.split`` state and an Equinox step over ``eqx.partition`` parameters:
+    ShardParallel and the presets (which find the parameters themselves) equal single-device
+    jax.jit over 3 steps; ZeRO-3 splits every 2-D kernel, ZeRO-2 keeps them whole."""
+    step_fn, state = case()
+    _, x, y = _state_and_data()
+    dev = jax.devices()[0]
+    _, ref_losses = _run(jax.jit(step_fn), jax.device_put(state, dev), x, y)
+    kwargs = {} if method is ap.ShardParallel else {"batch_argnums": (1, 2)}
+    step = ap.parallelize(step_fn, method=method(mesh=MESH, **kwargs))
+    exe = step.get_executable(state, x, y)
+    new_state, losses = _run(step, state, x, y)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    assert all(len(leaf.sharding.device_set) == 8 for leaf in jax.tree.leaves(new_state))
+    if method is not ap.ShardParallel:
+        paths = jax.tree_util.tree_flatten_with_path((state, x, y))[0]
+        params = [(spec, leaf) for (path, leaf), spec in zip(paths, exe.plan.input_specs)
+                  if np.ndim(leaf) == 2 and leaf.shape == (HIDDEN, HIDDEN)
+                  and not any(k in jax.tree_util.keystr(path) for k in ("opt_state", "mu", "nu", "[1]"))]
+        assert params
+        for spec, leaf in params:
+            assert bool(split_dims(spec, 2, MESH)) == (method is ap.Zero3Parallel), (spec, method)
