@@ -73,6 +73,56 @@ def install_lowering_hook(callback) -> None:
     pxla.lower_sharding_computation = hooked
 
 
+def replan_in_flight_lowering(callback) -> bool:
+    """Let ``callback`` plan the ``jax.jit`` lowering that is under way, if any.
+
+    The plugin is installed during JAX's backend initialisation, which the script's first
+    computation may trigger from inside ``lower_sharding_computation``: that call already runs
+    jax's own function. Its caller compiles the result next (``pjit._pjit_call_impl_python``), so
+    ``MeshComputation.compile`` is wrapped once: for that computation it compiles
+    ``callback(*args, **kwargs)`` instead (the lowering's original arguments; ``callback`` returns
+    a planned ``MeshComputation`` or None to keep jax's) and keeps the result as the in-flight
+    computation's executable, so jax's lowering cache hands back the planned executable later.
+    Returns whether a lowering was under way.
+    """
+    import sys
+
+    from jax._src.interpreters import pxla
+
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "lower_sharding_computation"
+                                     and frame.f_code.co_filename.endswith("pxla.py")):
+        frame = frame.f_back
+    outer = None if frame is None else frame.f_back  # the profiler wrapper: wrapper(*args, **kwargs)
+    args = None if outer is None else outer.f_locals.get("args")
+    kwargs = None if outer is None else outer.f_locals.get("kwargs")
+    if not isinstance(args, tuple) or len(args) < 8 or not isinstance(kwargs, dict):
+        return False
+    original_compile = pxla.MeshComputation.compile
+
+    def compile_once(self, *a, **k):
+        pxla.MeshComputation.compile = original_compile
+        name = getattr(self, "_name", None)  # "jit(step)" for fun_name "step"
+        if a or k or name not in (args[2], f"{args[1]}({args[2]})") or getattr(self, "const_args", None):
+            return original_compile(self, *a, **k)
+        planned = callback(*args, **kwargs)
+        if planned is None:
+            return original_compile(self)
+        executable = original_compile(planned)
+        self._executable = executable
+        return executable
+
+    pxla.MeshComputation.compile = compile_once
+    return True
+
+
+def original_lowering():
+    """jax's own ``lower_sharding_computation`` (also while the hook is installed)."""
+    from jax._src.interpreters import pxla
+
+    return _ORIGINAL_LOWERING if _ORIGINAL_LOWERING is not None else pxla.lower_sharding_computation
+
+
 def uninstall_lowering_hook() -> None:
     """Restore jax's own ``lower_sharding_computation`` (no-op when no hook is installed)."""
     global _ORIGINAL_LOWERING

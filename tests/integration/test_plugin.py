@@ -232,3 +232,16 @@ def test_library_training_loops_plan_the_step(script):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert len(out["losses"]) == len(plain["losses"]) >= 4 and all(p["devices"] == 8 for p in out["params"])
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
+
+
+def test_first_computation_of_the_script_is_planned():
+    """The script's first jax computation is the jitted step: its lowering starts JAX's backend
+    and with it the plugin, from inside that lowering. It is planned all the same (compiled once,
+    the weights on all 8 devices), same losses."""
+    plain, plain_info, _ = _run("train_first_jit.py")
+    out, run, stderr = _run("train_first_jit.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert "planned train_step on mesh 1x8" in stderr and run["plugin"]["planned"] == 1
+    assert run["compiles"]["train_step"] == plain_info["compiles"]["train_step"] == 1
+    assert out["params"][0]["devices"] == 8 and plain["params"][0]["devices"] == 1
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

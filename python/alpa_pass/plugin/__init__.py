@@ -48,6 +48,9 @@ def initialize() -> None:
     _configure_logging(config.log_level)
     _HOOK = LoweringHook(config, error)
     _compat.install_lowering_hook(_HOOK)
+    # JAX initialises its backend (and so this plugin) from inside the lowering of the script's
+    # first computation when nothing ran before it: that lowering already runs jax's own function
+    _compat.replan_in_flight_lowering(_HOOK.plan_in_flight)
     log.info("alpa_pass: planning jax.jit computations (method %s, mesh %s)", config.method,
              _mesh_text(config.mesh_shape))
 

@@ -99,6 +99,13 @@ class LoweringHook:
         self.stats.passed += 1
         return original(*args, **kwargs)
 
+    def plan_in_flight(self, *args, **kwargs):
+        """The planned computation for a lowering's arguments, or None when it is not planned
+        (``_compat.replan_in_flight_lowering``: the lowering that started JAX's backend)."""
+        before = self.stats.planned + self.stats.reused
+        computation = self(_compat.original_lowering(), *args, **kwargs)
+        return computation if self.stats.planned + self.stats.reused > before else None
+
     def entries(self) -> list[Entry]:
         """Every computation planned (or whose planning failed) so far, in order."""
         return list(self._cache.values())
