@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import alpa_pass as ap
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 SHAPES = [[1, 8], [2, 4], [4, 2], [8, 1], [2, 2, 2]]
 

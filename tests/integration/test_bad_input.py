@@ -11,7 +11,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass import errors
 from tests import helpers
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 
 def _sum_sq(x):

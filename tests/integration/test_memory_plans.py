@@ -12,7 +12,7 @@ from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import OpKind
 from alpa_pass.plan.planner import core_graph, make_plan
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 GPT = gpt.Config(layers=2, hidden=64, vocab=256, seq=32)
 # Deep, narrow, long sequence: per layer, the causal mask broadcast to [batch, heads, seq, seq] (a

@@ -10,7 +10,7 @@ from alpa_pass import _core
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.plan.planner import core_graph
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
 
 
 def _gpt_setup(steps=1):

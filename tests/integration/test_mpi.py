@@ -28,7 +28,7 @@ from alpa_pass.launch.distributed import LaunchOptions
 from alpa_pass.launch.runner import launch_flags
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.runtime.multiprocess import compare_digests, plan_digest
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"

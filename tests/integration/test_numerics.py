@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding
 
 import alpa_pass as ap
-from tests.models import default_optimizer, gpt, init_state, mlp, moe
+from zoo import default_optimizer, gpt, init_state, mlp, moe
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3

@@ -1,6 +1,6 @@
 """PipeshardParallel training steps equal plain ``jax.jit`` on one device (f32, 3 Adam steps).
 
-Models: the 4-layer MLP and 4-layer GPT of tests/models with ``mark_pipeline_boundary()`` after
+Models: the 4-layer MLP and 4-layer GPT of zoo (zoo.pipeline) with ``mark_pipeline_boundary()`` after
 each layer (or automatic layers); stages uniform, manual or auto; schedules 1F1B and GPipe.
 """
 from __future__ import annotations
@@ -8,59 +8,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import alpa_pass as ap
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
+from zoo.pipeline import make_gpt_loss, make_mlp_loss, make_step, mlp_loss
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
-
-
-def mlp_loss(params, batch, boundaries=True):
-    x = batch["x"]
-    for i, layer in enumerate(params):
-        x = x @ layer["kernel"] + layer["bias"]
-        if i + 1 < len(params):
-            x = jax.nn.relu(x)
-            if boundaries:
-                ap.mark_pipeline_boundary()
-    return jnp.mean((x - batch["y"]) ** 2)
-
-
-def make_gpt_loss(config: gpt.Config, boundaries=True):
-    def loss_fn(params, batch):
-        tokens = batch["tokens"]
-        x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
-        for i, p in enumerate(params["blocks"]):
-            x = x + gpt._attention(p, gpt._layer_norm(p["ln1"], x), config.heads)
-            x = x + gpt._mlp(p, gpt._layer_norm(p["ln2"], x))
-            if boundaries and i + 1 < len(params["blocks"]):
-                ap.mark_pipeline_boundary()
-        x = gpt._layer_norm(params["ln_f"], x)
-        head = params["lm_head"] if "lm_head" in params else params["wte"].T
-        logp = jax.nn.log_softmax(x @ head, axis=-1)
-        return jnp.mean(-jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
-
-    return loss_fn
-
-
-def make_step(loss_fn, optimizer):
-    def train_step(state, batch):
-        params, opt_state = state
-        loss, grads = ap.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return train_step
 
 
 def setup(name, boundaries=True):
     optimizer = default_optimizer()
     if name == "mlp":
         config = mlp.Config(num_layers=4, hidden=32, batch=16)
-        loss_fn, model = (lambda p, b: mlp_loss(p, b, boundaries)), mlp
+        loss_fn, model = make_mlp_loss(boundaries), mlp
     else:
         config = gpt.Config(layers=4, hidden=32, heads=4, batch=8, seq=8)
         loss_fn, model = make_gpt_loss(config, boundaries), gpt

@@ -12,8 +12,9 @@ import optax
 import pytest
 
 import alpa_pass as ap
-from tests.integration.test_pipeshard import RTOL, ATOL, assert_same, make_step, mlp_loss, reference, setup
-from tests.models import default_optimizer, init_state, mlp
+from tests.integration.test_pipeshard import RTOL, ATOL, assert_same, reference, setup
+from zoo import default_optimizer, init_state, mlp
+from zoo.pipeline import make_step, mlp_loss
 
 
 def _method(micro=4):

@@ -11,7 +11,7 @@ import alpa_pass as ap
 from alpa_pass.emit.constraints import slice_first
 from alpa_pass.plan.fidelity import capture_stderr, list_collectives, remat_warnings, summarize
 from alpa_pass.plan.planner import plan_and_compile
-from tests.models import default_optimizer, gpt, init_state, train_step_for
+from zoo import default_optimizer, gpt, init_state, train_step_for
 
 BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch=16)
 

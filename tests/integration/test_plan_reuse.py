@@ -14,7 +14,7 @@ import pytest
 
 import alpa_pass as ap
 from alpa_pass.plan import planner
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = mlp.Config(num_layers=3, hidden=32, batch=16)
@@ -95,7 +95,7 @@ _SCRIPT = textwrap.dedent("""
     import json, sys
     import jax
     import alpa_pass as ap
-    from tests.models import default_optimizer, init_state, mlp
+    from zoo import default_optimizer, init_state, mlp
 
     config = mlp.Config(num_layers=3, hidden=32, batch=16)
     state = init_state(mlp.init(jax.random.key(0), config), default_optimizer())

@@ -9,7 +9,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass.errors import ShardingError
 from tests import helpers
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3

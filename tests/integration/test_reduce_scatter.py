@@ -10,7 +10,7 @@ import pytest
 
 import alpa_pass as ap
 from tests import helpers
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3

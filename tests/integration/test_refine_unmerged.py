@@ -19,7 +19,7 @@ from alpa_pass.plan.planner import core_graph, make_plan
 from alpa_pass.plan.refine import REFINE_MAX_COLUMNS, expand_assignment
 from alpa_pass.solve.highs import solve_ilp
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state, moe
+from zoo import default_optimizer, gpt, init_state, moe
 
 MESH = ap.LogicalMesh(shape=(2, 4))
 MOE = moe.Config(experts=8, top_k=2)

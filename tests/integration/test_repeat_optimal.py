@@ -13,7 +13,7 @@ from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.plan.planner import core_graph
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 
 def _graph(model, config):

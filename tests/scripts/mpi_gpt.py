@@ -12,7 +12,7 @@ import numpy as np
 
 import alpa_pass as ap
 from alpa_pass.runtime.multiprocess import gather_digests, plan_digest, to_host
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
 
 out, mesh_text, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 shape = tuple(int(n) for n in mesh_text.split("x"))

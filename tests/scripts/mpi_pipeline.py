@@ -15,14 +15,14 @@ import jax
 import numpy as np
 
 import alpa_pass as ap
-from tests.integration.test_pipeshard import make_gpt_loss, make_step
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
+from zoo.pipeline import make_gpt_loss, make_step
 
 CONFIG = gpt.Config(layers=2, tied=False)
 
 
 def make_train_step(optimizer):
-    """The test_pipeshard GPT step: value_and_grad of the loss with a boundary after block 0."""
+    """The pipelined zoo GPT step: alpa_pass.value_and_grad of the loss with a boundary after block 0."""
     return make_step(make_gpt_loss(CONFIG), optimizer)
 
 

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import alpa_pass as ap
 from alpa_pass.plan import auto_mesh, cache, serialize
 from alpa_pass.plan.progress import PlanningProgress, planning_progress
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 
 def _abstract(tree):

@@ -13,7 +13,7 @@ from alpa_pass.extract.graph import GraphBuilder, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.plan.planner import core_graph
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, init_state
 
 MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 0.5])
 F32 = 4
