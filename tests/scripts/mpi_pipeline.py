@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 import alpa_pass as ap
-from zoo import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, setup
 from zoo.pipeline import make_gpt_loss, make_step
 
 CONFIG = gpt.Config(layers=2, tied=False)
@@ -28,9 +28,8 @@ def make_train_step(optimizer):
 
 def make_data(optimizer, steps):
     """The first state (eager jax arrays, as a user makes them) and ``steps`` host batches."""
-    state = init_state(gpt.init(jax.random.key(0), CONFIG), optimizer)
-    batches = [jax.tree.map(np.asarray, gpt.make_batch(jax.random.key(100 + i), CONFIG)) for i in range(steps)]
-    return state, batches
+    _, state, batches = setup(gpt, CONFIG, steps, optimizer)
+    return state, [jax.tree.map(np.asarray, batch) for batch in batches]
 
 
 def main(out, steps, schedule):
