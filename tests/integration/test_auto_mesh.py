@@ -95,6 +95,7 @@ def _cut_twin(plan, entry) -> bool:
     return any(e.get("cut_off") for e in plan.mesh_search if e["shape"] == entry["same_as"])
 
 
+@pytest.mark.slow
 def test_gpt_auto_search_records_a_finite_objective_for_2x2x2():
     step_fn, args = _gpt_step_and_args()
     plan = _plan(step_fn, args, "auto")

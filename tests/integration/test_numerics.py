@@ -18,10 +18,10 @@ STEPS = 3
 
 
 CASES = [
-    pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), id="mlp-2x4"),
-    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt-2x4"),
-    pytest.param(gpt, gpt.Config(layers=2, tied=False), (1, 8), id="gpt-untied-1x8"),
-    pytest.param(moe, moe.Config(experts=8, top_k=2), (2, 4), id="moe-top2-2x4"),
+    pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), id="mlp-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=2, tied=False), (1, 8), id="gpt-untied-1x8", marks=pytest.mark.slow),
+    pytest.param(moe, moe.Config(experts=8, top_k=2), (2, 4), id="moe-top2-2x4", marks=pytest.mark.slow),
     pytest.param(moe, moe.Config(experts=8, top_k=1), (1, 8), id="moe-top1-1x8"),
 ]
 

@@ -55,6 +55,7 @@ def test_data_parallel_gpt():
     assert helpers.total_bytes(exe.hlo_text())["all-reduce"] >= _param_bytes(state)  # every gradient
 
 
+@pytest.mark.slow
 def test_zero3_gpt_shards_matrices_and_state():
     step_fn, state, batches = _gpt()
     mesh = ap.LogicalMesh(shape=(1, 8))

@@ -26,7 +26,7 @@ def gpt_setup():
 
 
 @pytest.fixture(scope="module", params=[pytest.param((2, 4), id="2x4"),
-                                        pytest.param((4, 2), id="4x2")])
+                                        pytest.param((4, 2), id="4x2", marks=pytest.mark.slow)])
 def mixed_run(request, gpt_setup):
     """Runs 3 steps with prefer_reduce_scatter on the mesh; compiles the same plan without it
     (the plain executable: all-reduces where the run reduce-scatters).
@@ -114,6 +114,7 @@ def test_activation_all_reduces_stay(mixed_run):
     assert count(exe) == count(plain) > 0
 
 
+@pytest.mark.slow
 def test_embedding_gradient_scatter_is_reduce_scattered_on_3d_mesh():
     # On 2x2x2 the plan scatter-adds the token-embedding gradient from batch-split updates (partial
     # sums over a batch axis, all-reduced without the option); with it, a reduce-scatter. The

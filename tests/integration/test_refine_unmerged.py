@@ -68,6 +68,7 @@ def test_moe_refined_plan_matches_single_device():
     helpers.assert_same_run(ref, helpers.run_steps(step, state, batches), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gpt_refined_not_worse_under_time_limit():
     """The 2-layer GPT's unmerged ILP (~257k columns) is above the "auto" threshold; forced on with
     a short time limit, the warm start still guarantees a plan no worse than the merged one."""

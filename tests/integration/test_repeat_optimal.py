@@ -37,8 +37,8 @@ def _optimum(graph, mesh, tie: bool, tie_breakers: bool = True):
 
 
 CASES = [
-    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt2-2x4"),
-    pytest.param(gpt, gpt.Config(layers=4), (2, 4), id="gpt4-2x4"),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt2-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=4), (2, 4), id="gpt4-2x4", marks=pytest.mark.slow),
     pytest.param(gpt, gpt.Config(layers=3, tied=False), (1, 8), id="gpt3-untied-head-1x8"),
     pytest.param(gpt, gpt.Config(layers=4), (1, 4), id="gpt4-1x4"),
     pytest.param(mlp, mlp.Config(num_layers=4, hidden=64, batch=16), (2, 4), id="mlp4-2x4"),
@@ -63,6 +63,7 @@ def test_tied_optimum_equals_untied_exact_optimum(model, config, mesh_shape):
     assert st["classes_tied"] > 0 and st["groups_after"] < st["groups_before"]
 
 
+@pytest.mark.slow
 def test_tied_gpt_plan_matches_single_device_jit_and_repeats_layer_specs():
     config = gpt.Config(layers=4)
     opt = default_optimizer()
