@@ -89,7 +89,7 @@ def make_baseline(method: str, state, batch, axis_names: tuple[str, ...], axis_s
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, baseline: Baseline, mesh):
     """``train_step(state, batch) -> (state, loss)`` with the baseline's sharding constraints.
 
-    Without constraints (dp, megatron, expert) this is exactly ``tests.models.train_step_for``.
+    Without constraints (dp, megatron, expert) this is exactly ``zoo.train_step_for``.
     """
     def constrain(tree, specs):
         if specs is None:

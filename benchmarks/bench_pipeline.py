@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 
 import alpa_pass as ap  # noqa: E402
 from alpa_pass import _core  # noqa: E402
-from tests.integration.test_pipeshard import make_gpt_loss, make_step  # noqa: E402
-from tests.models import default_optimizer, gpt, init_state  # noqa: E402
+from zoo import default_optimizer, gpt, init_state  # noqa: E402
+from zoo.pipeline import make_gpt_loss, make_step  # noqa: E402
 
 
 def time_steps(step, state, batch, steps):
@@ -84,7 +84,9 @@ def main():
     if not args.skip_gpt:
         result["gpt_step_time"] = bench_gpt(args)
     print(json.dumps(result, indent=2))
-    out = pathlib.Path(__file__).parent / "results" / f"pipeline_L{args.layers}_H{args.hidden}_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    results = pathlib.Path(__file__).parent / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"pipeline_L{args.layers}_H{args.hidden}_{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"saved {out}")
 

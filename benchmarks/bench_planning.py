@@ -57,7 +57,7 @@ def _setup_devices(num_devices: int) -> None:
     flag = f"--xla_force_host_platform_device_count={num_devices}"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, ROOT)  # tests.models, benchmarks.*
+    sys.path.insert(0, ROOT)  # zoo, benchmarks.*
 
 
 def _mesh_shape(text: str) -> tuple[int, ...]:
@@ -68,7 +68,7 @@ def abstract_inputs(config, optimizer):
     """(state, batch) as jax.ShapeDtypeStructs: nothing is allocated."""
     import jax
 
-    from tests.models import gpt, init_state
+    from zoo import gpt, init_state
 
     state = jax.eval_shape(lambda: init_state(gpt.init(jax.random.key(0), config), optimizer))
     batch = jax.eval_shape(lambda: gpt.make_batch(jax.random.key(1), config))
@@ -95,7 +95,7 @@ def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit
 
     import alpa_pass as ap
     from alpa_pass.driver.jit import make_plan
-    from tests.models import default_optimizer, gpt
+    from zoo import default_optimizer, gpt
 
     optimizer = default_optimizer()
     state, batch = abstract_inputs(config, optimizer)
@@ -175,7 +175,7 @@ def _write(result, out_dir: str, name: str, path: str | None = None) -> str:
 def run_single(args) -> int:
     mesh_shape = _mesh_shape(args.mesh)
     _setup_devices(math.prod(mesh_shape))
-    from tests.models import gpt
+    from zoo import gpt
 
     config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,
                         layers=args.layers, batch=args.batch, tied=not args.untied)

@@ -12,7 +12,7 @@ import alpa_pass as ap
 from benchmarks import baselines, measure
 from benchmarks.cost_model import CostModel
 from benchmarks.models import gpt_sizes, moe_transformer, wide_resnet
-from tests.models import default_optimizer, init_state, train_step_for
+from zoo import default_optimizer, init_state, train_step_for
 
 SUITES = {"gpt": gpt_sizes, "moe": moe_transformer, "wresnet": wide_resnet}
 SUITE_METHODS = {"gpt": ("dp", "zero2", "zero3", "megatron"),

@@ -38,7 +38,7 @@ def peak_tflops(device_kind: str, precision: str = "tf32") -> float | None:
 
 
 def gpt_forward_flops(config) -> float:
-    """Forward FLOPs of ``tests.models.gpt`` (and the dense part of the MoE model) per step.
+    """Forward FLOPs of ``zoo.gpt`` (and the dense part of the MoE model) per step.
 
     Per token and layer: Q, K, V and output projections 8h^2, MLP 4*mlp_ratio*h^2, attention
     scores + context 4*seq*h; per token the LM head 2*h*vocab.

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks.*, tests.*
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks.*, zoo
 
 import jax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 import alpa_pass as ap  # noqa: E402
 from alpa_pass.runtime.multiprocess import gather_digests, place_global, plan_digest  # noqa: E402
 from benchmarks import baselines, cases, measure  # noqa: E402
-from tests.models import train_step_for  # noqa: E402
+from zoo import train_step_for  # noqa: E402
 
 
 def place(tree, specs, jmesh):

@@ -66,7 +66,7 @@ def _setup(shape, gpu: bool) -> None:
         flag = f"--xla_force_host_platform_device_count={math.prod(shape)}"
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
         os.environ["JAX_PLATFORMS"] = "cpu"
-    sys.path.insert(0, ROOT)  # benchmarks.*, tests.models
+    sys.path.insert(0, ROOT)  # benchmarks.*, zoo
 
 
 def expand_sizes(suite_sizes, requested: str) -> list[str]:

@@ -15,14 +15,14 @@ _DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 if _DEVICES_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICES_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for tests.models
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for zoo
 
 import jax  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import alpa_pass as ap  # noqa: E402
-from tests.models import default_optimizer, gpt, init_state  # noqa: E402
+from zoo import default_optimizer, gpt, init_state  # noqa: E402
 
 TOLERANCE = 1e-4
 

@@ -1,9 +1,9 @@
-"""GPT size presets (Alpa's GPT-3 family, seq 1024, vocab 51200) over ``tests.models.gpt``."""
+"""GPT size presets (Alpa's GPT-3 family, seq 1024, vocab 51200) over ``zoo.gpt``."""
 from __future__ import annotations
 
 import dataclasses
 
-from tests.models import gpt
+from zoo import gpt
 
 Config = gpt.Config
 init = gpt.init

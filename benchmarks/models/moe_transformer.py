@@ -1,5 +1,5 @@
 """A GShard MoE transformer (Alpa's MoE suite): GPT blocks whose MLP is (in every block by default,
-which gives Alpa's parameter counts) a top-2 mixture of experts (``tests.models.moe.moe_layer``) over token groups of ``group_size``.
+which gives Alpa's parameter counts) a top-2 mixture of experts (``zoo.moe.moe_layer``) over token groups of ``group_size``.
 
 Batch: ``{"tokens": int32[batch, seq], "targets": int32[batch, seq]}``; loss = next-token
 cross-entropy + ``aux_weight`` * the GShard load-balancing loss of each MoE block.
@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tests.models import gpt, moe
+from zoo import gpt, moe
 
 
 @dataclasses.dataclass(frozen=True)

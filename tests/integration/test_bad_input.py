@@ -11,7 +11,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass import errors
 from tests import helpers
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 
 def _sum_sq(x):
@@ -56,7 +56,7 @@ def test_indivisible_batch_is_not_split_on_that_axis():
         for dim, axes in helpers.split_dims(spec, leaf.ndim, mesh).items():
             assert leaf.shape[dim] % (4 ** len(axes)) == 0, f"{leaf.shape} split by {spec}"
     (_, loss) = step(state, batch)
-    (_, want) = jax.jit(step_fn)(jax.device_put(state, jax.devices()[0]), jax.device_put(batch, jax.devices()[0]))
+    _, (want,) = helpers.reference_run(step_fn, state, [batch])
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-5, atol=1e-6)
 
 

@@ -13,7 +13,7 @@ from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import OpKind
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.planning import core_graph
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 GPT = gpt.Config(layers=2, hidden=64, vocab=256, seq=32)
 # Deep, narrow, long sequence: per layer, the causal mask broadcast to [batch, heads, seq, seq] (a
@@ -58,9 +58,9 @@ def _split_param_fraction(plan, params) -> float:
 @pytest.mark.parametrize("model,config,shape,donate", [
     pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), True, id="mlp-2x4-donated"),
     pytest.param(mlp, mlp.Config(num_layers=6, hidden=256, batch=32), (1, 4), False, id="mlp-1x4"),
-    pytest.param(gpt, gpt.Config(layers=2), (2, 4), True, id="gpt-2x4-donated"),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), True, id="gpt-2x4-donated", marks=pytest.mark.slow),
     pytest.param(gpt, GPT, (1, 8), False, id="gpt-1x8"),
-    pytest.param(gpt, GPT_DEEP, (1, 8), True, id="gpt-deep-1x8-donated"),
+    pytest.param(gpt, GPT_DEEP, (1, 8), True, id="gpt-deep-1x8-donated", marks=pytest.mark.slow),
 ])
 def test_predicted_peak_within_20_percent_of_xla(model, config, shape, donate):
     step, state, batch = _step_and_args(model, config)

@@ -2,22 +2,20 @@
 keep the ILP small, and the plan computes what single-device jax.jit computes."""
 from __future__ import annotations
 
-import jax
 import numpy as np
+import pytest
 
 import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.driver.planning import core_graph
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state
+from tests import helpers
+from zoo import gpt, setup
 
 
 def _gpt_setup(steps=1):
-    config, optimizer = gpt.Config(layers=2), default_optimizer()
-    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
-    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(steps)]
-    return gpt.make_train_step(optimizer, config), state, batches
+    return setup(gpt, gpt.Config(layers=2), steps)
 
 
 def test_gpt_ilp_on_2x2x2_is_small():
@@ -34,22 +32,14 @@ def test_gpt_ilp_on_2x2x2_is_small():
     assert sizes[(2, 4)][1] <= 24  # 2-D meshes keep every spec: (rank + 1)^2 at most, dots 24
 
 
+@pytest.mark.slow
 def test_gpt_on_2x2x2_matches_single_device():
     step_fn, state, batches = _gpt_setup(steps=2)
-    dev = jax.devices()[0]
-    ref_step, ref_state, ref_losses = jax.jit(step_fn), jax.device_put(state, dev), []
-    for batch in batches:
-        ref_state, loss = ref_step(ref_state, jax.device_put(batch, dev))
-        ref_losses.append(float(loss))
+    ref = helpers.reference_run(step_fn, state, batches)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 2, 2))))
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
-    plan = step.get_executable(state, batches[0]).plan
+    run = helpers.run_steps(step, state, batches)
+    plan = step.get_executable(run[0], batches[0]).plan
     assert plan.mesh.shape == (2, 2, 2) and plan.solver_status == "Optimal" and step.num_plans == 1
     used = {a for spec in plan.node_specs for a, d in enumerate(spec) if d >= 0}
     assert used == {0, 1, 2}
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    helpers.assert_same_run(ref, run, rtol=1e-5, atol=1e-6)

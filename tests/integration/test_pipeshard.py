@@ -1,94 +1,33 @@
 """PipeshardParallel training steps equal plain ``jax.jit`` on one device (f32, 3 Adam steps).
 
-Models: the 4-layer MLP and 4-layer GPT of tests/models with ``mark_pipeline_boundary()`` after
+Models: the 4-layer MLP and 4-layer GPT of zoo (zoo.pipeline) with ``mark_pipeline_boundary()`` after
 each layer (or automatic layers); stages uniform, manual or auto; schedules 1F1B and GPipe.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
 
 import alpa_pass as ap
-from tests.models import default_optimizer, gpt, init_state, mlp
+from tests.helpers import assert_same_run, reference_run, run_steps
+from zoo import default_optimizer, gpt, mlp, setup as model_setup
+from zoo.pipeline import make_gpt_loss, make_mlp_loss, make_step, mlp_loss
 
-RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
 
 
-def mlp_loss(params, batch, boundaries=True):
-    x = batch["x"]
-    for i, layer in enumerate(params):
-        x = x @ layer["kernel"] + layer["bias"]
-        if i + 1 < len(params):
-            x = jax.nn.relu(x)
-            if boundaries:
-                ap.mark_pipeline_boundary()
-    return jnp.mean((x - batch["y"]) ** 2)
-
-
-def make_gpt_loss(config: gpt.Config, boundaries=True):
-    def loss_fn(params, batch):
-        tokens = batch["tokens"]
-        x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
-        for i, p in enumerate(params["blocks"]):
-            x = x + gpt._attention(p, gpt._layer_norm(p["ln1"], x), config.heads)
-            x = x + gpt._mlp(p, gpt._layer_norm(p["ln2"], x))
-            if boundaries and i + 1 < len(params["blocks"]):
-                ap.mark_pipeline_boundary()
-        x = gpt._layer_norm(params["ln_f"], x)
-        head = params["lm_head"] if "lm_head" in params else params["wte"].T
-        logp = jax.nn.log_softmax(x @ head, axis=-1)
-        return jnp.mean(-jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
-
-    return loss_fn
-
-
-def make_step(loss_fn, optimizer):
-    def train_step(state, batch):
-        params, opt_state = state
-        loss, grads = ap.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return train_step
-
-
-def setup(name, boundaries=True):
-    optimizer = default_optimizer()
+def setup(name, boundaries=True, optimizer=None):
+    """``(pipelined train step, state, batches)`` of the 4-layer MLP or GPT (``name``)."""
+    optimizer = default_optimizer() if optimizer is None else optimizer
     if name == "mlp":
         config = mlp.Config(num_layers=4, hidden=32, batch=16)
-        loss_fn, model = (lambda p, b: mlp_loss(p, b, boundaries)), mlp
+        loss_fn, model = make_mlp_loss(boundaries), mlp
     else:
         config = gpt.Config(layers=4, hidden=32, heads=4, batch=8, seq=8)
         loss_fn, model = make_gpt_loss(config, boundaries), gpt
-    state = init_state(model.init(jax.random.key(0), config), optimizer)
-    batches = [model.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    _, state, batches = model_setup(model, config, STEPS, optimizer)
     return make_step(loss_fn, optimizer), state, batches
-
-
-def run(step, state, batches):
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
-    return state, losses
-
-
-def reference(step_fn, state, batches):
-    dev = jax.devices()[0]
-    return run(jax.jit(step_fn), jax.device_put(state, dev), jax.device_put(batches, dev))
-
-
-def assert_same(ref, got):
-    (ref_state, ref_losses), (state, losses) = ref, got
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL, err_msg="losses differ")
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(ref_state)[0]]
-    for path, want, have in zip(paths, jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=RTOL, atol=ATOL,
-                                   err_msg=f"state leaf {path} differs")
 
 
 def assert_on_owner_stages(exe, state):
@@ -105,8 +44,8 @@ def assert_on_owner_stages(exe, state):
 CASES = [
     pytest.param("mlp", 2, "1f1b", 4, id="mlp-2stages-1f1b"),
     pytest.param("mlp", 4, "gpipe", 2, id="mlp-4stages-gpipe"),
-    pytest.param("gpt", 2, "gpipe", 2, id="gpt-2stages-gpipe"),
-    pytest.param("gpt", 4, "1f1b", 4, id="gpt-4stages-1f1b"),
+    pytest.param("gpt", 2, "gpipe", 2, id="gpt-2stages-gpipe", marks=pytest.mark.slow),
+    pytest.param("gpt", 4, "1f1b", 4, id="gpt-4stages-1f1b", marks=pytest.mark.slow),
 ]
 
 
@@ -132,8 +71,8 @@ def uniform_steps():
 @pytest.mark.parametrize("model,num_stages,schedule,micro", CASES)
 def test_manual_layers_uniform_stages_match_single_device(uniform_steps, model, num_stages, schedule, micro):
     step, step_fn, state, batches = uniform_steps(model, num_stages, schedule, micro)
-    got = run(step, state, batches)
-    assert_same(reference(step_fn, state, batches), got)
+    got = run_steps(step, state, batches)
+    assert_same_run(reference_run(step_fn, state, batches), got)
     exe = step.get_executable(state, batches[0])
     plan = exe.plan
     assert_on_owner_stages(exe, got[0])
@@ -149,7 +88,7 @@ def test_auto_layers_auto_stages_match_single_device():
                                   layer_option=ap.AutoLayerOption(layer_num=2),
                                   stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
     step = ap.parallelize(step_fn, method=method)
-    assert_same(reference(step_fn, state, batches), run(step, state, batches))
+    assert_same_run(reference_run(step_fn, state, batches), run_steps(step, state, batches))
     plan = step.get_executable(state, batches[0]).plan
     assert plan.num_layers == 2
     assert sum(len(s.devices) for s in plan.stages) <= 4

@@ -12,8 +12,11 @@ import optax
 import pytest
 
 import alpa_pass as ap
-from tests.integration.test_pipeshard import RTOL, ATOL, assert_same, make_step, mlp_loss, reference, setup
-from tests.models import default_optimizer, init_state, mlp
+from tests.helpers import (assert_same_run, assert_same_tree, reference_outputs, reference_run, run_steps,
+                           step_outputs)
+from tests.integration.test_pipeshard import setup
+from zoo import default_optimizer, mlp
+from zoo.pipeline import mlp_loss
 
 
 def _method(micro=4):
@@ -30,7 +33,7 @@ def donated():
     """3 Adam steps with the state donated; step 2 is fed step 1's outputs while every
     ``jax.device_put`` is recorded."""
     step_fn, state, batches = setup("mlp")
-    ref = reference(step_fn, state, batches)
+    ref = reference_run(step_fn, state, batches)
     step = ap.parallelize(step_fn, method=_method(), donate_argnums=(0,))
     exe = step.get_executable(state, batches[0])
     s1, l1 = step(_copy(state), batches[0])
@@ -52,7 +55,7 @@ def donated():
 
 
 def test_donated_steps_match_single_device(donated):
-    assert_same(donated["ref"], donated["got"])
+    assert_same_run(donated["ref"], donated["got"])
 
 
 def test_donated_state_is_deleted(donated):
@@ -91,24 +94,18 @@ def test_one_apply_per_stage_without_cross_ops(donated):
 @pytest.fixture(scope="module")
 def clipped():
     optimizer = optax.chain(optax.clip_by_global_norm(0.05), default_optimizer())
-    config = mlp.Config(num_layers=4, hidden=32, batch=16)
-    state = init_state(mlp.init(jax.random.key(0), config), optimizer)
-    batches = [mlp.make_batch(jax.random.key(100 + i), config) for i in range(3)]
-    step_fn = make_step(mlp_loss, optimizer)
+    step_fn, state, batches = setup("mlp", optimizer=optimizer)
     step = ap.parallelize(step_fn, method=_method(2))
     exe = step.get_executable(state, batches[0])
-    got, losses = state, []
-    for b in batches:
-        got, loss = step(got, b)
-        losses.append(float(loss))
+    got = run_steps(step, state, batches)
     grads = jax.grad(mlp_loss)(state[0], batches[0])
-    return dict(ref=reference(step_fn, state, batches), got=(got, losses), exe=exe,
+    return dict(ref=reference_run(step_fn, state, batches), got=got, exe=exe,
                 norm=float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads)))))
 
 
 def test_global_norm_clipping_matches_single_device(clipped):
     assert clipped["norm"] > 0.05, "the test must clip"
-    assert_same(clipped["ref"], clipped["got"])
+    assert_same_run(clipped["ref"], clipped["got"])
 
 
 def test_global_norm_is_computed_from_per_stage_scalars(clipped):
@@ -126,12 +123,7 @@ def test_global_norm_is_computed_from_per_stage_scalars(clipped):
 
 
 def aux_loss(params, batch):
-    x = batch["x"]
-    for i, layer in enumerate(params):
-        x = x @ layer["kernel"] + layer["bias"]
-        if i + 1 < len(params):
-            x = jax.nn.relu(x)
-            ap.mark_pipeline_boundary()
+    x = mlp.apply(params, batch["x"], ap.mark_pipeline_boundary)
     err = x - batch["y"]
     aux = {"mae": jnp.mean(jnp.abs(err)), "positive": jnp.sum(x > 0).astype(jnp.int32), "pred": x[:, 0]}
     return jnp.mean(err ** 2), aux
@@ -139,9 +131,8 @@ def aux_loss(params, batch):
 
 def test_has_aux_matches_single_device():
     optimizer = default_optimizer()
-    config = mlp.Config(num_layers=4, hidden=32, batch=16)
-    state = init_state(mlp.init(jax.random.key(0), config), optimizer)
-    batches = [mlp.make_batch(jax.random.key(100 + i), config) for i in range(2)]
+    _, state, batches = setup("mlp", optimizer=optimizer)
+    batches = batches[:2]
 
     def step_fn(state, batch):
         params, opt_state = state
@@ -150,14 +141,7 @@ def test_has_aux_matches_single_device():
         return (optax.apply_updates(params, updates), opt_state), loss, aux
 
     step = ap.parallelize(step_fn, method=_method())
-    ref_step, dev = jax.jit(step_fn), jax.devices()[0]
-    want, got = jax.device_put(state, dev), state
-    for b in batches:
-        want = ref_step(want, jax.device_put(b, dev))
-        got = step(got, b)
-        for path, w, g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(want),
-                              jax.tree.leaves(got)):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=RTOL, atol=ATOL,
-                                       err_msg=jax.tree_util.keystr(path[0]))
-        want, got = want[0], got[0]
-    assert got[0][0]["kernel"].shape == (32, 32)
+    want, got = reference_outputs(step_fn, state, batches), step_outputs(step, state, batches)
+    for w, g in zip(want, got):  # every output of every step: state, loss and aux
+        assert_same_tree(w, g)
+    assert got[-1][0][0][0]["kernel"].shape == (32, 32)

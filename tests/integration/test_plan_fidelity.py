@@ -11,7 +11,7 @@ import alpa_pass as ap
 from alpa_pass.emit.constraints import slice_first
 from alpa_pass.tools.fidelity import capture_stderr, list_collectives, remat_warnings, summarize
 from alpa_pass.driver.jit import plan_and_compile
-from tests.models import default_optimizer, gpt, init_state, train_step_for
+from zoo import default_optimizer, gpt, init_state, train_step_for
 
 BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch=16)
 
@@ -19,11 +19,11 @@ BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch
 # GPT small on 2x4 had 1 warning and 10 collective-permutes, 4.16 MiB/device on the wire, now 3.44).
 CASES = [
     pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce": 12, "all-gather": 5, "all-to-all": 2},
-                 id="gpt-2x4"),
+                 id="gpt-2x4", marks=pytest.mark.slow),
     pytest.param(gpt.Config(layers=2), (1, 8), {"all-reduce": 1, "all-gather": 3, "all-to-all": 1},
                  id="gpt-1x8"),
     pytest.param(BENCH_SMALL, (2, 4), {"all-reduce": 10, "all-gather": 17, "all-to-all": 8},
-                 id="bench-small-2x4"),
+                 id="bench-small-2x4", marks=pytest.mark.slow),
 ]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import alpa_pass as ap
 from alpa_pass.driver import planning
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = mlp.Config(num_layers=3, hidden=32, batch=16)
@@ -73,6 +73,7 @@ def test_saved_plan_is_refused_for_another_signature_mesh_or_jax(solved):
         _step(ap.ShardParallel(plan=old)).plan(*_args())
 
 
+@pytest.mark.slow
 def test_cache_in_process_hit_and_foreign_entry(tmp_path, caplog):
     option = ap.AutoShardingOption(plan_cache_dir=str(tmp_path))
     first = _step(ap.ShardParallel(mesh=MESH, option=option)).plan(*_args())
@@ -95,7 +96,7 @@ _SCRIPT = textwrap.dedent("""
     import json, sys
     import jax
     import alpa_pass as ap
-    from tests.models import default_optimizer, init_state, mlp
+    from zoo import default_optimizer, init_state, mlp
 
     config = mlp.Config(num_layers=3, hidden=32, batch=16)
     state = init_state(mlp.init(jax.random.key(0), config), default_optimizer())
@@ -120,6 +121,7 @@ def _run_process(script, cache_dir):
     return json.loads(line[len("RESULT "):]), proc.stderr
 
 
+@pytest.mark.slow
 def test_second_process_reads_the_plan_from_the_cache(tmp_path):
     script, cache_dir = tmp_path / "plan_step.py", tmp_path / "cache"
     script.write_text(_SCRIPT)
@@ -139,6 +141,7 @@ def test_second_process_reads_the_plan_from_the_cache(tmp_path):
     assert json.loads(entry.read_text())["fingerprint"] == first["fingerprint"]  # overwritten
 
 
+@pytest.mark.slow
 def test_progress_lines_when_asked_and_silence_by_default(capfd):
     _step(ap.ShardParallel(mesh=MESH, option=ap.AutoShardingOption(show_progress=True))).plan(*_args())
     err = capfd.readouterr().err

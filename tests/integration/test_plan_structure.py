@@ -11,7 +11,7 @@ import pytest
 
 import alpa_pass as ap
 from tests import helpers
-from tests.models import default_optimizer, init_state, mlp, moe
+from zoo import default_optimizer, init_state, mlp, moe
 
 
 def _plan_mlp(config: mlp.Config, mesh: ap.LogicalMesh):

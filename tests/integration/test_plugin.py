@@ -71,6 +71,7 @@ def test_plugin_shards_parameters_over_all_devices(plugin_run):
     assert any("'y'" in s for s in kernels), kernels     # weights are split, not just replicated
 
 
+@pytest.mark.slow
 def test_unchanged_flax_script_matches_and_is_sharded():
     """The issue's acceptance: an unchanged flax + optax script gives the same losses with and
     without JAX_PLUGINS=alpa_pass, and with it its parameters end up on all 8 devices."""
@@ -103,6 +104,7 @@ def test_preset_methods_for_plain_jit(plain_run, method):
         assert all("('x', 'y')" in s or "'y'" in s for s in kernels), kernels
 
 
+@pytest.mark.slow
 def test_auto_mesh_budget_and_plan_cache(plain_run, tmp_path):
     """ALPA_PASS_MESH=auto searches the shapes of 8 devices under ALPA_PASS_MEMORY_BUDGET; with
     ALPA_PASS_CACHE a second run of the unchanged script reads the plan instead of solving."""

@@ -9,36 +9,21 @@ import pytest
 import alpa_pass as ap
 from alpa_pass.errors import ShardingError
 from tests import helpers
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, mlp, setup
 
-RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
 
 
 def _gpt():
-    config = gpt.Config(layers=2)
-    optimizer = default_optimizer()
-    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
-    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
-    return gpt.make_train_step(optimizer, config), state, batches
+    return setup(gpt, gpt.Config(layers=2), STEPS)
 
 
 def _run_and_compare(step_fn, state, batches, method):
     """Runs 3 steps with ``method`` and plain jit on one device; returns the executable."""
-    dev = jax.devices()[0]
-    ref, ref_state, ref_losses = jax.jit(step_fn), jax.device_put(state, dev), []
-    for batch in batches:
-        ref_state, loss = ref(ref_state, jax.device_put(batch, dev))
-        ref_losses.append(float(loss))
+    ref = helpers.reference_run(step_fn, state, batches)
     step = ap.parallelize(step_fn, method=method)
     exe = step.get_executable(state, batches[0])
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
-    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    helpers.assert_same_run(ref, helpers.run_steps(step, state, batches))
     assert step.num_plans == 1
     return exe
 
@@ -70,6 +55,7 @@ def test_data_parallel_gpt():
     assert helpers.total_bytes(exe.hlo_text())["all-reduce"] >= _param_bytes(state)  # every gradient
 
 
+@pytest.mark.slow
 def test_zero3_gpt_shards_matrices_and_state():
     step_fn, state, batches = _gpt()
     mesh = ap.LogicalMesh(shape=(1, 8))
@@ -101,10 +87,8 @@ def test_zero2_gpt_reduce_scatters_gradients():
 
 
 def test_prefer_reduce_scatter_mlp():
-    config = mlp.Config(num_layers=3, hidden=64, batch=64)
     optimizer = default_optimizer()
-    state = init_state(mlp.init(jax.random.key(0), config), optimizer)
-    batches = [mlp.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
+    _, state, batches = setup(mlp, mlp.Config(num_layers=3, hidden=64, batch=64), STEPS, optimizer)
     option = ap.AutoShardingOption(prefer_reduce_scatter=True, refine_unmerged=False)  # merged plan's partial sums
     mesh = ap.LogicalMesh(shape=(1, 8))
     exe = _run_and_compare(mlp.make_train_step(optimizer), state, batches,

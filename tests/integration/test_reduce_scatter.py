@@ -4,31 +4,20 @@ over the data-split batch while being split on the model axis; with ``prefer_red
 data-axis all-reduces must become reduce-scatters, and 3 Adam steps must match one device."""
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
 import alpa_pass as ap
 from tests import helpers
-from tests.models import default_optimizer, gpt, init_state
+from zoo import gpt, setup
 
-RTOL, ATOL = 1e-5, 1e-6
 STEPS = 3
 
 
 def _gpt_reference(layers: int):
-    """(train step, state, batches, single-device losses, single-device final state)."""
-    config = gpt.Config(layers=layers)
-    optimizer = default_optimizer()
-    step_fn = gpt.make_train_step(optimizer, config)
-    state = init_state(gpt.init(jax.random.key(0), config), optimizer)
-    batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(STEPS)]
-    dev = jax.devices()[0]
-    ref, ref_state, losses = jax.jit(step_fn), jax.device_put(state, dev), []
-    for batch in batches:
-        ref_state, loss = ref(ref_state, jax.device_put(batch, dev))
-        losses.append(float(loss))
-    return step_fn, state, batches, losses, ref_state
+    """(train step, state, batches, single-device run: (final state, losses))."""
+    step_fn, state, batches = setup(gpt, gpt.Config(layers=layers), STEPS)
+    return step_fn, state, batches, helpers.reference_run(step_fn, state, batches)
 
 
 @pytest.fixture(scope="module")
@@ -36,29 +25,27 @@ def gpt_setup():
     return _gpt_reference(layers=2)
 
 
-@pytest.fixture(scope="module", params=[(2, 4), (4, 2)], ids=["2x4", "4x2"])
+@pytest.fixture(scope="module", params=[pytest.param((2, 4), id="2x4"),
+                                        pytest.param((4, 2), id="4x2", marks=pytest.mark.slow)])
 def mixed_run(request, gpt_setup):
     """Runs 3 steps with prefer_reduce_scatter on the mesh; compiles the same plan without it
     (the plain executable: all-reduces where the run reduce-scatters).
 
-    Returns (mesh, run's executable, plain executable, losses, final state, model axis index).
+    Returns (mesh, run's executable, plain executable, (final state, losses), model axis index).
     """
-    step_fn, state, batches, _, _ = gpt_setup
+    step_fn, state, batches, _ = gpt_setup
     mesh = ap.LogicalMesh(shape=request.param)
     option = ap.AutoShardingOption(prefer_reduce_scatter=True)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, option=option))
     exe = step.get_executable(state, batches[0])
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
+    run = helpers.run_steps(step, state, batches)
     plain = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=mesh, plan=exe.plan))
     plain = plain.get_executable(*_args(gpt_setup))
-    return mesh, exe, plain, losses, state, _model_axis(exe, mesh, gpt_setup)
+    return mesh, exe, plain, run, _model_axis(exe, mesh, gpt_setup)
 
 
 def _args(gpt_setup):
-    step_fn, state, batches, _, _ = gpt_setup
+    step_fn, state, batches, _ = gpt_setup
     return state, batches[0]
 
 
@@ -82,15 +69,11 @@ def _along(collective, groups: set) -> bool:
 
 
 def test_mixed_plan_matches_single_device(mixed_run, gpt_setup):
-    _, _, _, ref_losses, ref_state = gpt_setup
-    _, _, _, losses, state, _ = mixed_run
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
-    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    helpers.assert_same_run(gpt_setup[3], mixed_run[3])
 
 
 def test_gradient_all_reduces_become_reduce_scatters(mixed_run):
-    mesh, exe, plain, _, _, model = mixed_run
+    mesh, exe, plain, _, model = mixed_run
     data = 1 - model
     data_groups = _groups_along(mesh, data)
     before = [c for c in helpers.collectives(plain.hlo_text()) if _along(c, data_groups)]
@@ -112,7 +95,7 @@ def test_model_split_gradients_are_scattered_on_both_axes(mixed_run, gpt_setup):
     # The MLP kernels are split on the model axis; their gradient shards are reduce-scattered
     # over the data axis, so each device ends with 1/8 of the kernel's gradient (the 1-D rewrite
     # left these all-reduced).
-    mesh, exe, _, _, _, model = mixed_run
+    mesh, exe, _, _, model = mixed_run
     state, _ = _args(gpt_setup)
     kernel = state[0]["blocks"][0]["w1"]
     data_groups = _groups_along(mesh, 1 - model)
@@ -124,25 +107,24 @@ def test_model_split_gradients_are_scattered_on_both_axes(mixed_run, gpt_setup):
 
 def test_activation_all_reduces_stay(mixed_run):
     # Megatron's activation partial sums (model axis) are not parameter gradients: kept.
-    mesh, exe, plain, _, _, model = mixed_run
+    mesh, exe, plain, _, model = mixed_run
     model_groups = _groups_along(mesh, model)
     count = lambda exe_: sum(1 for c in helpers.collectives(exe_.hlo_text())  # noqa: E731
                              if c.kind == "all-reduce" and _along(c, model_groups))
     assert count(exe) == count(plain) > 0
 
 
+@pytest.mark.slow
 def test_embedding_gradient_scatter_is_reduce_scattered_on_3d_mesh():
     # On 2x2x2 the plan scatter-adds the token-embedding gradient from batch-split updates (partial
     # sums over a batch axis, all-reduced without the option); with it, a reduce-scatter. The
     # weight gradients' partial sums over the two batch axes (4 devices) are reduce-scattered too.
-    step_fn, state, batches, ref_losses, ref_state = _gpt_reference(layers=1)
+    step_fn, state, batches, ref = _gpt_reference(layers=1)
     option = ap.AutoShardingOption(prefer_reduce_scatter=True)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 2, 2)), option=option))
-    for batch, ref_loss in zip(batches, ref_losses):
-        state, loss = step(state, batch)
-        np.testing.assert_allclose(float(loss), ref_loss, rtol=RTOL, atol=ATOL)
-    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+    run = helpers.run_steps(step, state, batches)
+    helpers.assert_same_run(ref, run)
+    state = run[0]
     found = helpers.collectives(step.get_executable(state, batches[0]).hlo_text())
     scatter_add = [c for c in found if "scatter-add" in c.line]
     kinds = [c.kind for c in scatter_add]  # the scattered gradient is all-gathered for the update

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
 
@@ -20,22 +19,15 @@ from alpa_pass.driver.planning import core_graph
 from alpa_pass.driver.refine import REFINE_MAX_COLUMNS, expand_assignment
 from alpa_pass.solve.highs import solve_ilp
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state, moe
+from tests import helpers
+from zoo import gpt, moe, setup
 
 MESH = ap.LogicalMesh(shape=(2, 4))
 MOE = moe.Config(experts=8, top_k=2)
 
 
-def _step_and_args(model, config, steps=1):
-    optimizer = default_optimizer()
-    step_fn = model.make_train_step(optimizer, config)
-    state = init_state(model.init(jax.random.key(0), config), optimizer)
-    batches = [model.make_batch(jax.random.key(100 + i), config) for i in range(steps)]
-    return step_fn, state, batches
-
-
 def _plan(model, config, **option):
-    step_fn, state, batches = _step_and_args(model, config)
+    step_fn, state, batches = setup(model, config, 1)
     plan, graph, _ = make_plan(step_fn, (state, batches[0]), MESH, ap.AutoShardingOption(**option))
     return plan, graph
 
@@ -70,23 +62,14 @@ def test_refine_false_keeps_the_merged_plan(moe_plans):
 
 
 def test_moe_refined_plan_matches_single_device():
-    step_fn, state, batches = _step_and_args(moe, MOE, steps=2)
-    dev = jax.devices()[0]
-    ref_step, ref_state, ref_losses = jax.jit(step_fn), jax.device_put(state, dev), []
-    for batch in batches:
-        ref_state, loss = ref_step(ref_state, jax.device_put(batch, dev))
-        ref_losses.append(float(loss))
+    step_fn, state, batches = setup(moe, MOE, steps=2)
+    ref = helpers.reference_run(step_fn, state, batches)
     step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=MESH, option=ap.AutoShardingOption()))
     assert step.get_executable(state, batches[0]).plan.refinement["solve"] == "unmerged"
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(float(loss))
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
-    for want, got in zip(jax.tree.leaves(ref_state), jax.tree.leaves(state)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    helpers.assert_same_run(ref, helpers.run_steps(step, state, batches), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gpt_refined_not_worse_under_a_node_limit():
     """The 2-layer GPT's unmerged ILP (~257k columns) is above the "auto" threshold; forced on with
     a tiny node limit, the warm start still guarantees a plan no worse than the merged one, and the
@@ -104,7 +87,7 @@ def test_gpt_refined_not_worse_under_a_node_limit():
 @pytest.mark.parametrize("tie", [True, False])
 def test_expanded_start_has_the_merged_objective(tie):
     """Every node keeps its (output, operand) specs: same objective, no violation, ties respected."""
-    step_fn, state, batches = _step_and_args(moe, MOE)
+    step_fn, state, batches = setup(moe, MOE, 1)
     graph = extract_graph(lower(step_fn, (state, batches[0])).compiler_ir("stablehlo"))
     option = ap.AutoShardingOption(tie_repeated_layers=tie)
     merged = _core.build_sharding_problem(core_graph(graph), MESH.to_core(), option.to_core(), [])

@@ -3,7 +3,8 @@
 ``mpi_gpt.py OUT.npz MESH STEPS`` (MESH like ``2x2``). Every process builds the same state and
 batches (fixed keys), runs STEPS steps, gathers the final state, and rank 0 writes OUT.npz:
 ``loss_i``, ``leaf_i`` (final state leaves, tree order), ``process_count``, ``device_count``,
-``digests`` (every rank's plan digest, to show they agree) and ``input_specs``.
+``digests`` (every rank's plan digest, to show they agree) and ``input_specs``. The model and data
+are ``zoo.setup(zoo.gpt, gpt.Config(layers=1), STEPS)`` (the repository root must be on sys.path).
 """
 import sys
 
@@ -12,17 +13,13 @@ import numpy as np
 
 import alpa_pass as ap
 from alpa_pass.runtime.multiprocess import gather_digests, plan_digest, to_host
-from tests.models import default_optimizer, gpt, init_state
+from zoo import gpt, setup
 
 out, mesh_text, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 shape = tuple(int(n) for n in mesh_text.split("x"))
-config = gpt.Config(layers=1)
-optimizer = default_optimizer()
-state = init_state(gpt.init(jax.random.key(0), config), optimizer)
-batches = [gpt.make_batch(jax.random.key(100 + i), config) for i in range(steps)]
+step_fn, state, batches = setup(gpt, gpt.Config(layers=1), steps)
 
-step = ap.parallelize(gpt.make_train_step(optimizer, config),
-                      method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape)))
+step = ap.parallelize(step_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape)))
 losses = []
 for batch in batches:
     state, loss = step(state, batch)

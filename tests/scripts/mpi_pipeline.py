@@ -15,22 +15,21 @@ import jax
 import numpy as np
 
 import alpa_pass as ap
-from tests.integration.test_pipeshard import make_gpt_loss, make_step
-from tests.models import default_optimizer, gpt, init_state
+from zoo import default_optimizer, gpt, setup
+from zoo.pipeline import make_gpt_loss, make_step
 
 CONFIG = gpt.Config(layers=2, tied=False)
 
 
 def make_train_step(optimizer):
-    """The test_pipeshard GPT step: value_and_grad of the loss with a boundary after block 0."""
+    """The pipelined zoo GPT step: alpa_pass.value_and_grad of the loss with a boundary after block 0."""
     return make_step(make_gpt_loss(CONFIG), optimizer)
 
 
 def make_data(optimizer, steps):
     """The first state (eager jax arrays, as a user makes them) and ``steps`` host batches."""
-    state = init_state(gpt.init(jax.random.key(0), CONFIG), optimizer)
-    batches = [jax.tree.map(np.asarray, gpt.make_batch(jax.random.key(100 + i), CONFIG)) for i in range(steps)]
-    return state, batches
+    _, state, batches = setup(gpt, CONFIG, steps, optimizer)
+    return state, [jax.tree.map(np.asarray, batch) for batch in batches]
 
 
 def main(out, steps, schedule):

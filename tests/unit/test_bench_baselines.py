@@ -9,7 +9,7 @@ import pytest
 from benchmarks import baselines
 from benchmarks.models import gpt_sizes
 from tests import helpers
-from tests.models import default_optimizer, gpt, init_state, train_step_for
+from zoo import default_optimizer, gpt, init_state, train_step_for
 
 CONFIG = gpt.Config(vocab=64, seq=16, hidden=32, heads=4, layers=2, batch=8)
 MESH_SHAPE, AXES = (2, 4), ("x", "y")

@@ -10,15 +10,7 @@ from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
 from alpa_pass.driver.budget import solve_within_budget
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
-
-MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
-F32 = 4
-
-
-def core_graph(b: GraphBuilder):
-    g = b.build()
-    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
-                       g.operand_ids, g.attr_offsets, g.attrs)
+from tests.helpers import F32, MESH14, built_graph
 
 
 def options(budget=0.0):
@@ -46,7 +38,7 @@ def ranges(prob):
 
 
 def test_liveness_counts_materialised_values_only():
-    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
     # relu (node 3) has one consumer and is fused into it: d2 reads d1 through relu, so d1 lives
     # until node 5. The output (6) aliases d2.
     assert ranges(prob) == {0: (0, 6), 1: (0, 6), 4: (0, 6), 2: (2, 5), 5: (5, 6)}
@@ -55,11 +47,11 @@ def test_liveness_counts_materialised_values_only():
 
 
 def test_donated_parameters_die_at_their_last_use():
-    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [], donated_args=[0, 2])
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [], donated_args=[0, 2])
     r = ranges(prob)
     assert r[0] == (0, 2) and r[4] == (0, 5) and r[1] == (0, 6)
     with pytest.raises(ValueError, match="donated argument 7"):
-        _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [], donated_args=[7])
+        _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [], donated_args=[7])
 
 
 def test_multi_consumer_and_output_values_count():
@@ -69,7 +61,7 @@ def test_multi_consumer_and_output_values_count():
     e2 = b.add(OpKind.ELEMENTWISE, [8, 8], F32, [e1, e1])     # one distinct consumer -> fused
     e3 = b.add(OpKind.ELEMENTWISE, [8, 8], F32, [e1, e2])     # read by an output -> counted
     b.add(OpKind.OUTPUT, [8, 8], F32, [e3], [0])
-    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    prob = _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
     assert ranges(prob) == {x: (0, 4), e1: (1, 3), e3: (3, 4)}
 
 
@@ -87,7 +79,7 @@ def test_constant_expressions_count_only_when_output():
     b.add(OpKind.OUTPUT, [4, 8, 16], F32, [red], [0])
     b.add(OpKind.OUTPUT, [4, 8, 16, 16], F32, [bwd], [1])
     b.add(OpKind.OUTPUT, [16, 16], 1, [mask], [2])  # read by an OUTPUT: materialised after all
-    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    prob = _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
     assert ranges(prob) == {x: (0, 9), mask: (2, 9), red: (5, 9), bwd: (6, 9)}
     assert wide not in ranges(prob) and iota not in ranges(prob)
 
@@ -105,7 +97,7 @@ def test_fused_values_keep_their_operands_until_read():
     grad = b.add(OpKind.DOT, [64, 64], F32, [x, scaled], [0, 1, 0, 0])
     b.add(OpKind.OUTPUT, [32, 64], F32, [y], [0])
     b.add(OpKind.OUTPUT, [64, 64], F32, [grad], [1])
-    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [], donated_args=[0])
+    prob = _core.build_sharding_problem(built_graph(b), MESH14, options(), [], donated_args=[0])
     r = ranges(prob)
     assert r[h] == (h, grad), "h is read by grad through resid and scaled"
     assert act not in r and resid not in r and scaled not in r
@@ -142,7 +134,7 @@ def all_assignments(ilp):
 
 
 def test_memory_rows_bound_the_peak_of_every_assignment():
-    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(budget=1e9), [], [0])
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget=1e9), [], [0])
     ilp = prob.ilp
     assert prob.num_memory_rows == ilp.num_linear_rows == 2
     rows = np.arange(ilp.linear_row_start, ilp.num_rows)
@@ -156,13 +148,13 @@ def test_memory_rows_bound_the_peak_of_every_assignment():
 
 
 def test_budget_plans_match_brute_force():
-    free = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
     assignments = all_assignments(free.ilp)
     peaks = [free.predicted_peak(a)[0] for a in assignments]
     cheapest = min(assignments, key=lambda a: _core.evaluate(free.ilp, a).objective)
     assert free.predicted_peak(cheapest)[0] > sorted(set(peaks))[1], "the budgets below must bind"
     for budget in sorted(set(peaks))[1::2]:
-        prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(budget), [])
+        prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget), [])
         feasible = [a for a, p in zip(assignments, peaks) if p <= budget]
         best = min(_core.evaluate(prob.ilp, a).objective for a in feasible)
         sol = solve_ilp(prob.ilp, SolveOptions(rel_gap=0.0))
@@ -172,12 +164,12 @@ def test_budget_plans_match_brute_force():
 
 
 def test_infeasible_budget_names_the_least_peak():
-    free = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(), [])
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
     least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
-    prob = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(least - 1), [])
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least - 1), [])
     with pytest.raises(InfeasibleError, match=rf"feasible is [\d.e+-]+ GiB \({int(least)} bytes\)"):
         solve_within_budget(prob, least - 1, SolveOptions(), "1x4")
-    ok = _core.build_sharding_problem(core_graph(mlp()), MESH14, options(least), [])
+    ok = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
     assert solve_within_budget(ok, least, SolveOptions(), "1x4").assignment is not None
 
 

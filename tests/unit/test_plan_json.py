@@ -19,7 +19,7 @@ from alpa_pass.driver.request import PlanRequest
 from alpa_pass.plan import serialize
 from alpa_pass.plan.plan import search_summary
 from alpa_pass.driver.progress import PlanningProgress, planning_progress
-from tests.models import default_optimizer, init_state, mlp
+from zoo import default_optimizer, init_state, mlp
 
 
 def _abstract(tree):

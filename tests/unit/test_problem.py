@@ -6,17 +6,9 @@ import pytest
 
 from alpa_pass import _core
 from alpa_pass.extract.graph import GraphBuilder, OpKind
+from tests.helpers import F32, MESH14, MESH24, built_graph
 
-MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
-MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 0.5])
 R = [-1, -1]
-F32 = 4
-
-
-def core_graph(b: GraphBuilder):
-    g = b.build()
-    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
-                       g.operand_ids, g.attr_offsets, g.attrs)
 
 
 def options(merge=True):
@@ -57,7 +49,7 @@ def mlp():
 
 
 def test_mlp_followers_merge_into_their_leaders():
-    g = core_graph(mlp())
+    g = built_graph(mlp())
     prob = _core.build_sharding_problem(g, MESH24, options(), [])
     assert list(prob.node_group) == [0, 1, 2, 2, 3, 4, 4]
     assert list(prob.follow) == [-1, -1, -1, 2, -1, -1, 5]
@@ -79,7 +71,7 @@ def test_follower_chains_resolve_to_the_root():
     t = b.add(OpKind.TRANSPOSE, [128, 32], F32, [e], [1, 0])
     init = b.add(OpKind.GENERATOR, [], F32)
     r = b.add(OpKind.REDUCE, [128], F32, [t, init], [1])
-    prob = _core.build_sharding_problem(core_graph(b), MESH24, options(), [])
+    prob = _core.build_sharding_problem(built_graph(b), MESH24, options(), [])
     groups = list(prob.node_group)
     assert groups[d] == groups[e] == groups[t] == groups[r]
     assert groups[init] not in (groups[d], groups[x], groups[w])
@@ -92,7 +84,7 @@ def matmul_problem():
     w = param(b, [256, 256], 1)
     d = dot(b, x, w, [32, 256])
     b.add(OpKind.OUTPUT, [32, 256], F32, [d], [0])
-    return _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    return _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
 
 
 def test_matmul_objective_by_hand():
@@ -126,7 +118,7 @@ def test_two_edges_between_the_same_groups_share_one_ilp_edge():
     b = GraphBuilder()
     x = param(b, [64, 64])
     d = dot(b, x, x, [64, 64])
-    prob = _core.build_sharding_problem(core_graph(b), MESH14, options(), [])
+    prob = _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
     assert prob.ilp.num_groups == 2 and prob.ilp.num_edge_vars == 3 * 3
     x_rows = strategy_index(prob, x, out=[-1, 0])
     rows = strategy_index(prob, d, name="dot lfree0@y")  # lhs rows split, rhs replicated
@@ -139,7 +131,7 @@ def test_edges_inside_a_group_fold_into_linear_costs():
     b = GraphBuilder()
     x = param(b, [32, 64])
     e = b.add(OpKind.ELEMENTWISE, [32, 64], F32, [x, x])  # follows x
-    prob = _core.build_sharding_problem(core_graph(b), MESH24, options(), [])
+    prob = _core.build_sharding_problem(built_graph(b), MESH24, options(), [])
     assert prob.ilp.num_groups == 1 and prob.ilp.num_edge_vars == 0
     n = prob.strategy_offsets[1]
     for k in range(n):
@@ -154,7 +146,7 @@ def test_ties_force_equal_specs():
     p1 = param(b, [64, 64])
     p2 = param(b, [64, 64], 1)
     o = b.add(OpKind.OUTPUT, [64, 64], F32, [p2], [0])
-    prob = _core.build_sharding_problem(core_graph(b), MESH24, options(), [(o, p1), (p2, o)])
+    prob = _core.build_sharding_problem(built_graph(b), MESH24, options(), [(o, p1), (p2, o)])
     g1, g2 = prob.node_group[p1], prob.node_group[p2]
     assert g1 != g2 and prob.node_group[o] == g2
 
@@ -169,7 +161,7 @@ def test_ties_force_equal_specs():
 
 
 def test_bad_tie_is_rejected():
-    g = core_graph(mlp())
+    g = built_graph(mlp())
     with pytest.raises(ValueError, match="tie"):
         _core.build_sharding_problem(g, MESH24, options(), [(0, 99)])
 
@@ -198,7 +190,7 @@ def transformer_like(layers, batch=8, hidden=64):
 
 def test_large_chain_group_count():
     layers = 300
-    g = core_graph(transformer_like(layers))
+    g = built_graph(transformer_like(layers))
     opts = options()
     opts.tie_repeated_layers = False  # count the groups of the untied problem
     prob = _core.build_sharding_problem(g, MESH24, opts, [])

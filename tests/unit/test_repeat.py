@@ -13,10 +13,8 @@ from alpa_pass.extract.graph import GraphBuilder, OpKind
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.driver.planning import core_graph
 from alpa_pass.trace.lower import lower
-from tests.models import default_optimizer, gpt, init_state
-
-MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 0.5])
-F32 = 4
+from tests.helpers import F32, MESH24, built_graph
+from zoo import default_optimizer, gpt, init_state
 
 
 def options(tie: bool):
@@ -39,9 +37,7 @@ def stack(layers: int, hidden: int = 64, params_first: bool = False):
         x = b.add(OpKind.ELEMENTWISE, [32, hidden], F32, [d])
         per_layer.append((w, d, x))
     b.add(OpKind.OUTPUT, [32, hidden], F32, [x], [0])
-    g = b.build()
-    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
-                       g.operand_ids, g.attr_offsets, g.attrs), per_layer
+    return built_graph(b), per_layer
 
 
 def test_hashes_ignore_argument_index_but_see_neighbours():

@@ -7,17 +7,9 @@ import pytest
 
 from alpa_pass import _core
 from alpa_pass.extract.graph import GraphBuilder, OpKind
+from tests.helpers import F32, MESH14, MESH24, built_graph
 
-MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 0.5])
-MESH14 = _core.Mesh(shape=[1, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
 R = [-1, -1]
-F32 = 4
-
-
-def core_graph(b: GraphBuilder):
-    g = b.build()
-    return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
-                       g.operand_ids, g.attr_offsets, g.attrs)
 
 
 def options(**kw):
@@ -30,7 +22,7 @@ def options(**kw):
 
 
 def strategies(b, v, mesh, **kw):
-    return _core.node_strategies(core_graph(b), v, mesh, options(**kw))
+    return _core.node_strategies(built_graph(b), v, mesh, options(**kw))
 
 
 def by_out(ns):
@@ -332,7 +324,7 @@ def test_convolution_splits_batch_out_features_or_in_features():
     assert ifeat.ins == [[-1, 3], [-1, 2]] and ifeat.out == R
     assert ifeat.comm == pytest.approx(MESH14.all_reduce(8 * 32 * 32 * 32 * F32, 1))
     flops = 2 * 8 * 32 * 32 * 32 * 9 * 16
-    assert _core.node_flops(core_graph(b), c) == flops
+    assert _core.node_flops(built_graph(b), c) == flops
     assert ifeat.compute == pytest.approx(flops / 4 * 1e-9)
 
 
@@ -340,7 +332,7 @@ def test_grouped_convolution_only_splits_batch():
     b, c = conv_graph([3, 3, 1, 16], 16, groups=16)  # depthwise
     (s,) = strategies(b, c, MESH14).strategies
     assert s.name == "conv batch@y"
-    assert _core.node_flops(core_graph(b), c) == 2 * 8 * 32 * 32 * 16 * 9 * 16 / 16
+    assert _core.node_flops(built_graph(b), c) == 2 * 8 * 32 * 32 * 16 * 9 * 16 / 16
 
 
 # --- gather, scatter -----------------------------------------------------------------------------
@@ -399,7 +391,7 @@ def test_scatter_embedding_gradient():
 def test_node_flops():
     b, d = matmul(32, 256, 128)
     e = b.add(OpKind.ELEMENTWISE, [32, 128], F32, [d])
-    g = core_graph(b)
+    g = built_graph(b)
     assert _core.node_flops(g, d) == 2 * 32 * 128 * 256
     assert _core.node_flops(g, e) == 32 * 128
 
@@ -432,7 +424,7 @@ def test_every_spec_fits_its_tensor(name, mesh, merge):
     b = GRAPHS[name]()
     g = b.build()
     opts = options(merge_followers=merge)
-    prob = _core.build_sharding_problem(core_graph(b), mesh, opts, [])
+    prob = _core.build_sharding_problem(built_graph(b), mesh, opts, [])
     offs, in_offs = prob.strategy_offsets, prob.in_spec_offsets
     for v in range(g.num_nodes):
         for k in range(offs[v], offs[v + 1]):

@@ -6,11 +6,12 @@ Batch: ``{"tokens": int32[batch, seq], "targets": int32[batch, seq]}``.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from tests.models import train_step_for
+from zoo import train_step_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,22 +88,28 @@ def _mlp(p, x):
     return jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
 
-def apply(params, tokens, heads):
-    """Logits ``f32[batch, seq, vocab]`` of ``tokens`` (``int32[batch, seq]``)."""
+def apply(params, tokens, heads, boundary: Callable[[], None] | None = None):
+    """Logits ``f32[batch, seq, vocab]`` of ``tokens`` (``int32[batch, seq]``).
+
+    ``boundary``: called between consecutive blocks (``alpa_pass.mark_pipeline_boundary``).
+    """
     x = params["wte"][tokens] + params["wpe"][None, : tokens.shape[1]]
-    for p in params["blocks"]:
+    for i, p in enumerate(params["blocks"]):
         x = x + _attention(p, _layer_norm(p["ln1"], x), heads)
         x = x + _mlp(p, _layer_norm(p["ln2"], x))
+        if boundary is not None and i + 1 < len(params["blocks"]):
+            boundary()
     x = _layer_norm(params["ln_f"], x)
     head = params["lm_head"] if "lm_head" in params else params["wte"].T
     return x @ head
 
 
-def make_loss_fn(heads: int):
-    """Mean next-token cross-entropy for a model with ``heads`` attention heads."""
+def make_loss_fn(heads: int, boundary: Callable[[], None] | None = None):
+    """Mean next-token cross-entropy for a model with ``heads`` attention heads (``boundary``: see
+    :func:`apply`)."""
 
     def loss_fn(params, batch):
-        logits = apply(params, batch["tokens"], heads)
+        logits = apply(params, batch["tokens"], heads, boundary)
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
         return jnp.mean(nll)

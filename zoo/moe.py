@@ -14,7 +14,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tests.models import train_step_for
+from zoo import train_step_for
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,31 @@
+"""The zoo's GPT and MLP for PipeshardParallel: ``alpa_pass.mark_pipeline_boundary()`` between
+layers (after every GPT block but the last; after every hidden MLP layer), and train steps that take
+gradients with ``alpa_pass.value_and_grad`` (the point where PipeshardParallel knows gradients are
+complete). Without boundaries they compute exactly what ``zoo.gpt`` / ``zoo.mlp`` do.
+"""
+from __future__ import annotations
+
+import alpa_pass as ap
+from zoo import gpt, mlp, train_step_for
+
+
+def _boundary(boundaries: bool):
+    return ap.mark_pipeline_boundary if boundaries else None
+
+
+def make_mlp_loss(boundaries: bool = True):
+    """``loss_fn(params, batch)`` of ``zoo.mlp`` with a boundary after every hidden layer."""
+    return mlp.make_loss_fn(_boundary(boundaries))
+
+
+mlp_loss = make_mlp_loss()
+
+
+def make_gpt_loss(config: gpt.Config, boundaries: bool = True):
+    """``loss_fn(params, batch)`` of ``zoo.gpt`` at ``config`` with a boundary after every block but the last."""
+    return gpt.make_loss_fn(config.heads, _boundary(boundaries))
+
+
+def make_step(loss_fn, optimizer):
+    """``train_step(state, batch) -> (state, loss)`` of ``loss_fn``, gradients by ``alpa_pass.value_and_grad``."""
+    return train_step_for(loss_fn, optimizer, ap.value_and_grad)
