@@ -201,6 +201,7 @@ def test_plugin_and_api_make_the_same_plan():
     assert out["losses"][0] == pytest.approx(out["losses"][1], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_typed_prng_key_step_is_planned_once():
     """A step that takes and returns a typed PRNG key (``jax.random.key``; dropout inside): planned
     (not "the module changed between extraction and emission"), compiled once, the key keeps its
@@ -215,8 +216,8 @@ def test_typed_prng_key_step_is_planned_once():
     assert all(p["devices"] == 8 for p in out["params"])
 
 
-@pytest.mark.parametrize("script", ["train_nnx.py", "train_linen_jit_init.py", "train_equinox.py",
-                                    "train_keras.py", "train_multisteps.py"])
+@pytest.mark.parametrize("script", ["train_nnx.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
+    "train_linen_jit_init.py", "train_equinox.py", "train_keras.py", "train_multisteps.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); flax linen with a jitted

@@ -73,8 +73,11 @@ def test_trainstate_with_python_int_step(reference):
     assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(new_state.params))
 
 
-@pytest.mark.parametrize("params_at", [None, (0, "params")])
-@pytest.mark.parametrize("preset", [ap.DataParallel, ap.Zero2Parallel, ap.Zero3Parallel])
+@pytest.mark.parametrize("preset, params_at", [
+    (ap.Zero2Parallel, None), (ap.Zero3Parallel, (0, "params")),
+    *(pytest.param(p, at, marks=pytest.mark.slow) for p, at in (
+        (ap.DataParallel, None), (ap.DataParallel, (0, "params")), (ap.Zero2Parallel, (0, "params")),
+        (ap.Zero3Parallel, None)))])
 def test_presets_on_a_trainstate(reference, preset, params_at):
     """The presets find a TrainState's parameters themselves (or ``params_at=(0, "params")`` names
     the attribute): data parallelism and ZeRO-2 replicate the kernels, ZeRO-3 splits each 2-D
@@ -179,7 +182,7 @@ def staged_step(state, batch):
     return state.apply_gradients(grads=grads), loss
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
 def test_pipeshard_on_a_trainstate_with_a_closure_loss(schedule):
     """PipeshardParallel on a flax TrainState (Python int step) whose loss closes over the batch:
     the closed-over batch becomes a micro-batched marker input (not a constant baked at full batch
@@ -246,8 +249,11 @@ def _equinox_case():
     return step, (params, optimizer.init(params))
 
 
-@pytest.mark.parametrize("case", [_nnx_case, _equinox_case], ids=["nnx", "equinox"])
-@pytest.mark.parametrize("method", [ap.ShardParallel, ap.Zero2Parallel, ap.Zero3Parallel])
+@pytest.mark.parametrize("case, method", [
+    (_nnx_case, ap.Zero3Parallel),
+    *(pytest.param(c, m, marks=pytest.mark.slow) for c, m in (
+        (_nnx_case, ap.ShardParallel), (_nnx_case, ap.Zero2Parallel), (_equinox_case, ap.ShardParallel),
+        (_equinox_case, ap.Zero2Parallel), (_equinox_case, ap.Zero3Parallel)))])
 def test_nnx_and_equinox_steps_through_parallelize(case, method):
     """An NNX step over ``nnx.split`` state and an Equinox step over ``eqx.partition`` parameters:
     ShardParallel and the presets (which find the parameters themselves) equal single-device
