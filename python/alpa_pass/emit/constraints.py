@@ -63,7 +63,7 @@ def sharding_text(dims, mesh_name: str) -> str:
 
 def constraint_location(node: int, operand: int | None = None) -> ir.Location:
     """The location of an inserted constraint: a name XLA keeps as the HLO ``op_name`` metadata
-    of the constraint and of the collectives it causes (``plan.fidelity`` parses it back).
+    of the constraint and of the collectives it causes (``tools.fidelity`` parses it back).
 
     ``alpa_pass/value/%<node>`` for a value constraint, ``alpa_pass/use/%<node>/<operand>`` for a
     use-site constraint on operand ``operand`` of ``node``. Needs an active MLIR context.

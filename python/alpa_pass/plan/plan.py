@@ -51,12 +51,12 @@ class Plan:
       timings: seconds per phase ("trace", "extract", "build", "solve", "emit", "compile").
       fallbacks: op name -> count of ops planned as replicated because the core does not know them.
       emit_report: what emission inserted and skipped.
-      fingerprint: the planned function signature's identity (see ``plan.serialize.fingerprint``).
+      fingerprint: the planned request's identity (see ``driver.request.fingerprint``).
       made_with: {"alpa_pass", "jax"} versions and "options" (the planning options used).
       origin: "solver" (solved now), "cache" (read from ``plan_cache_dir``) or "saved"
         (``ShardParallel(plan=...)``).
       mesh_search: with ``mesh="auto"``, one {"shape", "objective", "solve_s", ...} per shape tried.
-      refinement: which solve produced the plan and both objectives (``plan.refine.refine_unmerged``:
+      refinement: which solve produced the plan and both objectives (``driver.refine.refine_unmerged``:
         {"solve": "merged" | "unmerged", "merged_objective", "unmerged_objective", "skipped", ...}).
     """
 
