@@ -1,0 +1,55 @@
+"""The model-zoo table: each library training script run unchanged with and without
+``JAX_PLUGINS=alpa_pass`` on 8 simulated CPU devices; prints a markdown table (library | planned |
+compiles of the step plugin/plain | parameter leaves on all 8 devices | largest loss difference).
+
+    python benchmarks/zoo_table.py            # all scripts (about a minute on 2 cores)
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+ZOO = {
+    "flax linen, TrainState, jitted init (lm1b style)": "train_linen_jit_init.py",
+    "flax linen, TrainState": "train_flax.py",
+    "flax NNX (nnx.jit, Optimizer, Rngs, Dropout, BatchNorm)": "train_nnx.py",
+    "Equinox (filter_jit, typed keys, Dropout)": "train_equinox.py",
+    "Keras 3 model.fit (3 epochs)": "train_keras.py",
+    "optax MultiSteps": "train_multisteps.py",
+    "jax + optax, typed dropout key": "train_dropout_key.py",
+    "jax, step is the first computation": "train_first_jit.py",
+}
+
+
+def run(script: str, plugin: bool) -> tuple[dict, dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS"))}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    if plugin:
+        env["JAX_PLUGINS"] = "alpa_pass"
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_script.py"), str(SCRIPTS / script)],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    if proc.returncode:
+        raise RuntimeError(f"{script} failed:\n{proc.stderr[-2000:]}")
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-2]), json.loads(lines[-1][len("ALPA_PASS_RUN "):])
+
+
+def main() -> None:
+    print("| library | planned | step compiles plugin/plain | leaves on 8 devices | max loss diff (rel) |")
+    print("|---|---|---|---|---|")
+    for library, script in ZOO.items():
+        (plain, plain_run), (out, out_run) = run(script, False), run(script, True)
+        step = "train_step"
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(out["losses"], plain["losses"]))
+        on_all = sum(p["devices"] == 8 for p in out["params"])
+        print(f"| {library} | {out_run['plugin']['planned']} | {out_run['compiles'].get(step)}/"
+              f"{plain_run['compiles'].get(step)} | {on_all}/{len(out['params'])} | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
