@@ -83,7 +83,20 @@ def _callback_step(w, x):
     return jnp.mean(jnp.tanh(x @ w) ** 2)
 
 
-@pytest.mark.parametrize("fn", [_while_step, _callback_step], ids=["while_loop", "pure_callback"])
+def test_while_loop_is_planned_not_a_fallback():
+    """A while_loop's ops are planned like top-level ops (no OPAQUE fallback), numerics equal."""
+    w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
+    x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
+    grad_fn = jax.value_and_grad(_while_step)
+    step = ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+    assert step.get_executable(w, x).plan.fallbacks == {}
+    loss, grad = step(w, x)
+    want_loss, want_grad = jax.jit(grad_fn)(w, x)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [_callback_step], ids=["pure_callback"])
 def test_unknown_op_falls_back_once_and_stays_correct(fn, caplog):
     w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
     x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)

@@ -136,12 +136,29 @@ def test_unknown_op_falls_back_to_opaque_and_logs_once(caplog):
 
     with caplog.at_level(logging.WARNING, logger="alpa_pass"):
         g = _graph(f, jnp.ones((4,)))
-    assert g.fallbacks["stablehlo.while"] == 2
-    assert g.fallbacks["stablehlo.rng_bit_generator"] == 1
-    w = _nodes(g, "stablehlo.while")
-    assert all(g.kind[v] == OpKind.OPAQUE for v in w)
-    msgs = [r.getMessage() for r in caplog.records if "stablehlo.while" in r.getMessage()]
+    assert g.fallbacks.get("stablehlo.rng_bit_generator") == 1 and "stablehlo.while" not in g.fallbacks
+    rng = _nodes(g, "stablehlo.rng_bit_generator")
+    assert rng and all(g.kind[v] == OpKind.OPAQUE for v in rng)
+    msgs = [r.getMessage() for r in caplog.records if "stablehlo.rng_bit_generator" in r.getMessage()]
     assert len(msgs) == 1 and "computed replicated" in msgs[0]
+
+
+def test_while_regions_are_extracted_with_tied_carries():
+    """Both fori_loops' bodies are walked: the loop's multiply/add are nodes; per carried slot a
+    carry node reads the init and ties carry == yield == result."""
+    g = _graph(lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x), jnp.ones((4,)))
+    assert g.fallbacks == {}
+    carries = [v for v in range(g.num_nodes) if g.locators[v].op_index == -3]
+    results = [v for v in _nodes(g, "stablehlo.while") if g.locators[v].op_index >= 0]
+    assert len(carries) == len(results) >= 2
+    (mul,) = _nodes(g, "stablehlo.multiply")  # in the closed_call the body calls
+    assert g.kind[mul] == OpKind.ELEMENTWISE and carries[1] in g.operands(mul)
+    (add,) = _nodes(g, "stablehlo.add")  # the loop counter, in region 1 (the body) of op 1
+    assert g.locators[add].nest == ((1, 1),)
+    tied = {frozenset(t) for t in g.ties}
+    for c, r in zip(carries, results):
+        (y,) = g.operands(r)
+        assert frozenset((c, y)) in tied and frozenset((r, y)) in tied
 
 
 def test_dynamic_shapes_raise_extract_error():

@@ -89,7 +89,7 @@ MLIR_FILES = sorted(MLIR_DIR.glob("*.mlir"))
 
 def test_mlir_files_exist():
     names = {p.stem for p in MLIR_FILES}
-    assert {"extract_mlp", "call_twice", "while_opaque", "gather_scatter", "convolution",
+    assert {"extract_mlp", "call_twice", "while_regions", "gather_scatter", "convolution",
             "annotate"} <= names
 
 

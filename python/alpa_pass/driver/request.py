@@ -63,7 +63,7 @@ class PlanRequest:
         key_nodes = [graph.param_nodes()[i] for i in key_inputs] + [graph.output_nodes()[i] for i in key_outputs]
         pinned = {int(v): tuple(int(a) for a in s) for v, s in pins}
         pinned.update((int(v), ()) for v in key_nodes)
-        ties, pins = tuple(ties), tuple(sorted(pinned.items()))
+        ties, pins = (*ties, *graph.ties), tuple(sorted(pinned.items()))
         digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
                    name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,

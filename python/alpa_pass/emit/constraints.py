@@ -110,21 +110,27 @@ def _check_spec(graph: OpGraph, v: int, dims: tuple, axes: dict) -> None:
                             f"twice; each axis may split at most one dim")
 
 
+def _block_key(loc) -> tuple:
+    """The block a located op lives in: (function name, nest)."""
+    return (loc.func, loc.nest)
+
+
 def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
-    """(func, op_index, result) -> the one spec all of the value's nodes want (others skipped)."""
+    """((func, nest), op_index, result) -> the one spec all of the value's nodes want (others
+    skipped)."""
     wanted = collections.defaultdict(dict)
     for v, dims in specs.items():
         kind = graph.kind[v]
         if kind == OpKind.GENERATOR:
             report.skip(SKIP_GENERATOR)
-        elif kind in (OpKind.PARAMETER, OpKind.OUTPUT):
-            report.skip(SKIP_PARAM_OUTPUT)
+        elif kind in (OpKind.PARAMETER, OpKind.OUTPUT) or graph.locators[v].op_index < 0:
+            report.skip(SKIP_PARAM_OUTPUT)  # entry arguments/results, a while's carried values
         else:
             loc = graph.locators[v]
-            wanted[(loc.func, loc.op_index, loc.result)][v] = dims
+            wanted[(_block_key(loc), loc.op_index, loc.result)][v] = dims
     nodes_of = collections.defaultdict(list)
     for v, loc in enumerate(graph.locators):
-        key = (loc.func, loc.op_index, loc.result)
+        key = (_block_key(loc), loc.op_index, loc.result)
         if key in wanted:
             nodes_of[key].append(v)
     out = {}
@@ -181,8 +187,21 @@ def _changed(what: str) -> EmitError:
                      f"graph from a lowering of the same function and arguments")
 
 
+def _block_ops(funcs: dict, key: tuple, v: int, graph: OpGraph) -> list:
+    """The ops of the block ``key = (func, nest)`` (see ``OpLocator.nest``)."""
+    fname, nest = key
+    if fname not in funcs:
+        raise _changed(f"node %{v} ({graph.labels[v]}) lives in @{fname}, which the module lacks")
+    ops = [o.operation for o in funcs[fname].regions[0].blocks[0].operations]
+    for op_index, region in nest:
+        if op_index >= len(ops) or region >= len(ops[op_index].regions):
+            raise _changed(f"node %{v} ({graph.labels[v]}) lives in region {region} of @{fname} op {op_index}")
+        ops = [o.operation for o in ops[op_index].regions[region].blocks[0].operations]
+    return ops
+
+
 def _matched_ops(module: ir.Module, graph: OpGraph) -> dict:
-    """func name -> its block's ops, after checking every graph node against the module.
+    """(func, nest) -> that block's ops, after checking every graph node against the module.
 
     Walks the nodes in extraction order and checks each op node's locator names an op with
     the node's op name and a result of the node's shape.
@@ -192,13 +211,9 @@ def _matched_ops(module: ir.Module, graph: OpGraph) -> dict:
     for v, loc in enumerate(graph.locators):
         if loc.op_index < 0:
             continue
-        ops = blocks.get(loc.func)
+        ops = blocks.get(_block_key(loc))
         if ops is None:
-            if loc.func not in funcs:
-                raise _changed(f"node %{v} ({graph.labels[v]}) lives in @{loc.func}, which the "
-                               f"module lacks")
-            ops = [o.operation for o in funcs[loc.func].regions[0].blocks[0].operations]
-            blocks[loc.func] = ops
+            ops = blocks[_block_key(loc)] = _block_ops(funcs, _block_key(loc), v, graph)
         op = ops[loc.op_index] if loc.op_index + 1 < len(ops) else None
         if op is None or op.name != graph.op_names[v] or loc.result >= len(op.results):
             found = "nothing" if op is None else op.name
@@ -211,13 +226,13 @@ def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
     """[(op, result index, next op, dims)] for every group; EmitError if the module changed."""
     blocks = _matched_ops(module, graph)
     targets = []
-    for (fname, index, k), (v, dims) in sorted(groups.items()):
-        op = blocks[fname][index]
+    for (block, index, k), (v, dims) in sorted(groups.items()):
+        op = blocks[block][index]
         shape = tuple(ir.RankedTensorType(op.results[k].type).shape)
         if shape != graph.shape(v):
             raise _changed(f"node %{v} ({graph.labels[v]}) has shape {graph.shape(v)} but "
-                           f"@{fname} op {index} result {k} has shape {shape}")
-        targets.append((op, k, blocks[fname][index + 1], dims, v))
+                           f"@{block[0]} op {index} result {k} has shape {shape}")
+        targets.append((op, k, blocks[block][index + 1], dims, v))
     return targets
 
 
@@ -230,12 +245,13 @@ def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) 
         if loc.op_index < 0:
             report.skip(SKIP_PARAM_OUTPUT)
             continue
-        wanted[(loc.func, loc.op_index, t)].add(dims)
-        node_of[(loc.func, loc.op_index, t)] = min(v, node_of.get((loc.func, loc.op_index, t), v))
+        key = (_block_key(loc), loc.op_index, t)
+        wanted[key].add(dims)
+        node_of[key] = min(v, node_of.get(key, v))
     out = []
-    for (fname, index, t), all_dims in sorted(wanted.items()):
-        v = node_of[(fname, index, t)]
-        op = blocks[fname][index]
+    for (block, index, t), all_dims in sorted(wanted.items()):
+        v = node_of[(block, index, t)]
+        op = blocks[block][index]
         if len(all_dims) != 1 or t >= len(op.operands):
             report.skip(SKIP_CALL_PATHS)
             continue

@@ -60,6 +60,8 @@ def locate_partial_sum_dots(module: ir.Module, graph: OpGraph, plan, mesh: Logic
     out = []
     for v, found in sorted(partial_sums(graph, plan, mesh).items()):
         loc = graph.locators[v]
+        if loc.nest:  # inside a loop body or branch: left to XLA's all-reduce
+            continue
         op = list(funcs[loc.func].regions[0].blocks[0].operations)[loc.op_index].operation
         want = _OP_NAMES[OpKind(int(graph.kind[v]))]
         if op.name not in want:

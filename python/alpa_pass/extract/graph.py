@@ -59,7 +59,12 @@ class OpLocator:
     ``func``: symbol name of the function that holds the op; ``op_index``: index of the op in that
     function's entry block (walk order of ``block.operations``); ``result``: result index.
     PARAMETER nodes use ``op_index = -1`` and ``result`` = argument index of ``func``;
-    OUTPUT nodes use ``op_index = -2`` and ``result`` = result index.
+    OUTPUT nodes use ``op_index = -2`` and ``result`` = result index; the loop-carried value of
+    a ``stablehlo.while`` (its regions' block arguments) uses ``op_index = -3`` and ``result`` =
+    the carried slot (no op of its own: never constrained).
+    ``nest``: for an op inside a region (a while's cond/body, a case's branch), the
+    ``(op_index, region_index)`` pairs leading from ``func``'s entry block to the op's block;
+    ``op_index`` then counts in that block.
     ``call_path``: tuple of (func, op_index) of the ``func.call`` ops that led here (empty for
     ``main``); a callee reached by several call paths gives several nodes for one MLIR value.
     """
@@ -68,6 +73,7 @@ class OpLocator:
     op_index: int
     result: int
     call_path: tuple = ()
+    nest: tuple = ()
 
 
 @dataclasses.dataclass
@@ -89,6 +95,7 @@ class OpGraph:
     num_outputs: int = 0         # entry function results (OUTPUT nodes)
     fallbacks: dict = dataclasses.field(default_factory=dict)  # op name -> count made OPAQUE
     donated_args: list = dataclasses.field(default_factory=list)  # flat entry-arg indices donated
+    ties: list = dataclasses.field(default_factory=list)  # (node, node) whose specs must be equal (loop carries)
 
     @property
     def num_nodes(self) -> int:
@@ -124,6 +131,7 @@ class GraphBuilder:
         self._kind, self._bytes, self._shapes, self._ops, self._attrs = [], [], [], [], []
         self._names, self._labels, self._locs = [], [], []
         self.fallbacks: dict[str, int] = {}
+        self.ties: list = []
 
     def add(self, kind: OpKind, shape, dtype_bytes: int, operands=(), attrs=(), *,
             op_name: str = "", label: str = "", locator: OpLocator | None = None) -> int:
@@ -156,4 +164,5 @@ class GraphBuilder:
                        shape_offsets=so, shape_dims=sd, operand_offsets=oo, operand_ids=oi,
                        attr_offsets=ao, attrs=aa, op_names=list(self._names),
                        labels=list(self._labels), locators=list(self._locs),
-                       num_args=num_args, num_outputs=num_outputs, fallbacks=dict(self.fallbacks))
+                       num_args=num_args, num_outputs=num_outputs, fallbacks=dict(self.fallbacks),
+                       ties=list(self.ties))

@@ -171,20 +171,75 @@ class _Walker:
         if func_op is None:
             raise ExtractError(f"func.call to @{fname}, which is not defined in the module")
         block = func_op.regions[0].blocks[0]
-        env = dict(zip(block.arguments, arg_nodes))
+        out = self.walk_block(block, dict(zip(block.arguments, arg_nodes)), fname, (), call_path)
+        if out is None:
+            raise ExtractError(f"function @{fname} has no func.return")
+        return out
+
+    def walk_block(self, block, env: dict, fname: str, nest: tuple, call_path: tuple) -> list[int] | None:
+        """Add nodes for the ops of ``block`` (``env``: MLIR value -> node, updated); return the
+        nodes its terminator returns (None without one)."""
         for i, op in enumerate(block.operations):
             op = op.operation
             name = op.name
             ins = [env[v] for v in op.operands]
-            if name == "func.return":
+            if name in ("func.return", "stablehlo.return"):
                 return ins
             if name == "func.call":
                 callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
                 outs = self.walk(callee, ins, call_path + ((fname, i),))
+            elif name == "stablehlo.while":
+                outs = self.walk_while(op, ins, env, OpLocator(fname, i, 0, call_path, nest))
+            elif name == "stablehlo.case":
+                outs = self.walk_case(op, ins, env, OpLocator(fname, i, 0, call_path, nest))
             else:
-                outs = self.add_op(op, ins, OpLocator(fname, i, 0, call_path))
+                outs = self.add_op(op, ins, OpLocator(fname, i, 0, call_path, nest))
             env.update(zip(op.results, outs))
-        raise ExtractError(f"function @{fname} has no func.return")
+        return None
+
+    def walk_while(self, op, ins: list[int], env: dict, loc: OpLocator) -> list[int]:
+        """A ``stablehlo.while``: its cond and body ops become nodes like top-level ops. Each
+        carried slot k gets a carry node (identity of the init operand; what the regions' block
+        argument k reads) and a result node (identity of the body's k-th yield), and
+        carry == yield == result specs are tied: the loop carries one layout."""
+        carry = [self.add(OpKind.ELEMENTWISE, *self._info[u], (u,), (), op_name="stablehlo.while", label=f"carry{k}",
+                          locator=OpLocator(loc.func, -3, k, loc.call_path, loc.nest))
+                 for k, u in enumerate(ins)]
+        yields = None
+        for r, region in enumerate(op.regions):  # 0: cond, 1: body
+            block = region.blocks[0]
+            out = self.walk_block(block, {**env, **dict(zip(block.arguments, carry))}, loc.func,
+                                  loc.nest + ((loc.op_index, r),), loc.call_path)
+            yields = out if r == 1 else yields
+        if yields is None or len(yields) != len(carry):
+            raise ExtractError(f"stablehlo.while ({source_label(op.name, op.location)}) has no body "
+                               f"yielding its {len(carry)} carried values")
+        outs = self._results(op, [(y,) for y in yields], loc)
+        for c, y, out in zip(carry, yields, outs):
+            self.builder.ties += [(c, y), (out, y)]
+        return outs
+
+    def walk_case(self, op, ins: list[int], env: dict, loc: OpLocator) -> list[int]:
+        """A ``stablehlo.case``: every branch's ops become nodes; result k is an elementwise
+        node over the index and every branch's k-th returned value (one layout for all)."""
+        rets = []
+        for r, region in enumerate(op.regions):
+            out = self.walk_block(region.blocks[0], dict(env), loc.func, loc.nest + ((loc.op_index, r),),
+                                  loc.call_path)
+            if out is None or len(out) != len(op.results):
+                raise ExtractError(f"branch {r} of stablehlo.case ({source_label(op.name, op.location)}) "
+                                   f"does not return its {len(op.results)} results")
+            rets.append(out)
+        return self._results(op, [(*ins, *(ret[k] for ret in rets)) for k in range(len(op.results))], loc)
+
+    def _results(self, op, operands: list, loc: OpLocator) -> list[int]:
+        label = source_label(op.name, op.location)
+        outs = []
+        for k, (res, ops) in enumerate(zip(op.results, operands)):
+            shape, nbytes = self.type_info(res.type, f"op {op.name} ({label})")
+            outs.append(self.add(OpKind.ELEMENTWISE, shape, nbytes, ops, (), op_name=op.name, label=label,
+                                 locator=OpLocator(loc.func, loc.op_index, k, loc.call_path, loc.nest)))
+        return outs
 
     def add_op(self, op, ins: list[int], loc: OpLocator) -> list[int]:
         name = op.name
@@ -199,7 +254,7 @@ class _Walker:
             shape, nbytes = self.type_info(res.type, f"op {name} ({label})")
             outs.append(self.add(
                 kind, shape, nbytes, operands, attrs, op_name=name, label=label,
-                locator=OpLocator(loc.func, loc.op_index, k, loc.call_path)))
+                locator=OpLocator(loc.func, loc.op_index, k, loc.call_path, loc.nest)))
         return outs
 
 

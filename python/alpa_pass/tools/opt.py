@@ -55,7 +55,7 @@ def format_node(g: OpGraph, v: int) -> str:
     attrs = ",".join(str(a) for a in g.node_attrs(v))
     kind = OpKind(int(g.kind[v])).name.lower()
     loc = g.locators[v]
-    where = f"at @{loc.func}:{loc.op_index}:{loc.result}"
+    where = f"at @{loc.func}:" + "".join(f"{i}.r{r}/" for i, r in loc.nest) + f"{loc.op_index}:{loc.result}"
     where += "".join(f" via @{f}:{i}" for f, i in loc.call_path)
     return (f"%{v} = {kind} {g.op_names[v]} {shape}:{int(g.dtype_bytes[v])}B ({operands}) "
             f"[{attrs}] {g.labels[v]} {where}")

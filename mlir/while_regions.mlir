@@ -1,15 +1,22 @@
 // RUN: alpa-pass-opt %s --extract
-// A fori_loop: the while op is one OPAQUE node per result (its regions and the call inside them
-// are never entered) and it is counted as a fallback.
+// A fori_loop: the while's cond and body ops are nodes like top-level ops (their locators name the
+// region: 1.r0 = region 0 of op 1), calls inside the body are followed, each carried slot has a
+// carry node (what the regions' block argument reads) and a result node; no fallback.
 
-// CHECK: // graph: 8 nodes, 1 args, 1 outputs, fallbacks: {stablehlo.while=1}
+// CHECK: // graph: 15 nodes, 1 args, 1 outputs, fallbacks: {}
 // CHECK-NEXT: %0 = parameter parameter [4,8]:4B () [0] arg0
 // CHECK-NEXT: %1 = generator stablehlo.constant []:4B () [] constant
-// CHECK-NEXT: %2 = opaque stablehlo.while []:4B (%1, %0) [] while at @main:1:0
-// CHECK-NEXT: %3 = opaque stablehlo.while [4,8]:4B (%1, %0) [] while at @main:1:1
-// CHECK-NOT: tanh
-// CHECK: %6 = elementwise stablehlo.multiply [4,8]:4B (%3, %5) []
-// CHECK-NEXT: %7 = output output [4,8]:4B (%6) [0] result
+// CHECK-NEXT: %2 = elementwise stablehlo.while []:4B (%1) [] carry0 at @main:-3:0
+// CHECK-NEXT: %3 = elementwise stablehlo.while [4,8]:4B (%0) [] carry1 at @main:-3:1
+// CHECK-NEXT: %4 = generator stablehlo.constant []:4B () [] constant at @main:1.r0/0:0
+// CHECK-NEXT: %5 = elementwise stablehlo.compare []:1B (%2, %4) [] compare at @main:1.r0/1:0
+// CHECK-NEXT: %6 = elementwise stablehlo.tanh [4,8]:4B (%3) [] tanh at @closed_call:0:0
+// CHECK-NEXT: %7 = generator stablehlo.constant []:4B () [] constant at @main:1.r1/1:0
+// CHECK-NEXT: %8 = elementwise stablehlo.add []:4B (%2, %7) [] add at @main:1.r1/2:0
+// CHECK-NEXT: %9 = elementwise stablehlo.while []:4B (%8) [] while at @main:1:0
+// CHECK-NEXT: %10 = elementwise stablehlo.while [4,8]:4B (%6) [] while at @main:1:1
+// CHECK: %13 = elementwise stablehlo.multiply [4,8]:4B (%10, %12) []
+// CHECK-NEXT: %14 = output output [4,8]:4B (%13) [0] result
 module @jit_wl {
   func.func public @main(%arg0: tensor<4x8xf32>) -> (tensor<4x8xf32> {jax.result_info = "result"}) {
     %c = stablehlo.constant dense<0> : tensor<i32>
