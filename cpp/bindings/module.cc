@@ -370,10 +370,12 @@ void bind_problem(nb::module_& m) {
         "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
         "donated_args"_a = std::vector<int64_t>{},
         "pinned"_a = std::vector<std::pair<int64_t, Spec>>{},
+        "node_weights"_a = std::vector<double>{},
         "ties: node pairs whose result specs must be equal.\n"
         "donated_args: flat entry-argument indices whose buffers may be reused.\n"
         "pinned: (node, spec) pairs; the node may only take strategies whose result spec equals\n"
-        "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).");
+        "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).\n"
+        "node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).");
 }
 
 void bind_ilp(nb::module_& m) {

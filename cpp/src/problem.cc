@@ -6,6 +6,7 @@
 // Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
 // i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -64,15 +65,19 @@ struct Assembler {
   const Graph& g;
   const Mesh& mesh;
   ShardingProblem& p;
+  const std::vector<double>& weights;  // empty or one cost factor per node
   std::vector<std::vector<double>> group_costs;
   std::vector<IlpEdge> edges;
   std::unordered_map<uint64_t, size_t> edge_of_pair;  // (lo group << 32 | hi group) -> edge
+
+  double weight(int64_t v) const { return weights.empty() ? 1.0 : weights[v]; }
 
   void add_group_costs() {
     for (int64_t v = 0; v < g.num_nodes(); ++v) {
       std::vector<double>& cost = group_costs[p.node_group[v]];
       const auto& list = p.nodes[v].list;
-      for (size_t k = 0; k < list.size(); ++k) cost[k] += list[k].compute + list[k].comm;
+      const double w = weight(v);
+      for (size_t k = 0; k < list.size(); ++k) cost[k] += w * (list[k].compute + list[k].comm);
     }
   }
 
@@ -89,7 +94,8 @@ struct Assembler {
     std::vector<double> r(iu.unique.size() * iv.unique.size());
     for (size_t a = 0; a < iu.unique.size(); ++a) {
       for (size_t b = 0; b < iv.unique.size(); ++b) {
-        r[a * iv.unique.size() + b] = reshard_cost(mesh, shape, elem, *iu.unique[a], *iv.unique[b]);
+        r[a * iv.unique.size() + b] =
+            weight(v) * reshard_cost(mesh, shape, elem, *iu.unique[a], *iv.unique[b]);
       }
     }
     auto cost = [&](size_t i, size_t j) { return r[iu.of[i] * iv.unique.size() + iv.of[j]]; };
@@ -192,10 +198,20 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
                                        const std::vector<int64_t>& donated_args,
-                                       const std::vector<std::pair<int64_t, Spec>>& pinned) {
+                                       const std::vector<std::pair<int64_t, Spec>>& pinned,
+                                       const std::vector<double>& node_weights) {
   graph.validate();
   mesh.validate();
   const int64_t n = graph.num_nodes();
+  if (!node_weights.empty() && static_cast<int64_t>(node_weights.size()) != n) {
+    throw std::invalid_argument("node_weights has " + std::to_string(node_weights.size()) +
+                                " entries for a graph of " + std::to_string(n) + " nodes");
+  }
+  for (double w : node_weights) {
+    if (!(w >= 0.0) || !std::isfinite(w)) {
+      throw std::invalid_argument("node_weights must be finite and >= 0, got " + std::to_string(w));
+    }
+  }
   ShardingProblem p;
   p.nodes.reserve(n);
   p.node_group.assign(n, -1);
@@ -219,7 +235,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     p.repeat = tie_repeated_groups(graph, p.nodes, find_repeats(graph), p.node_group, group_size);
     num_groups = static_cast<int64_t>(group_size.size());
   }
-  Assembler as{graph, mesh, p, {}, {}, {}};
+  Assembler as{graph, mesh, p, node_weights, {}, {}, {}};
   as.group_costs.resize(num_groups);
   for (int64_t gi = 0; gi < num_groups; ++gi) as.group_costs[gi].assign(group_size[gi], 0.0);
   as.add_group_costs();

@@ -440,12 +440,13 @@ class ShardingProblem:
         Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, classes_skipped, groups_before, groups_after (repeat.h).
         """
 
-def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = []) -> ShardingProblem:
+def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], node_weights: Sequence[float] = []) -> ShardingProblem:
     """
     ties: node pairs whose result specs must be equal.
     donated_args: flat entry-argument indices whose buffers may be reused.
     pinned: (node, spec) pairs; the node may only take strategies whose result spec equals
     spec (size-1 mesh axes ignored); ValueError if none does (problem.h).
+    node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).
     """
 
 class IlpProblem:

@@ -101,3 +101,19 @@ def test_nested_scans_and_their_gradient():
 
     ws, x, _ = _data(4)
     _check(jax.value_and_grad(f), ws, x)
+
+
+def test_loop_costs_scale_with_the_trip_count():
+    """A body's compute and communication count once per iteration: a static trip count is read
+    from the loop (``i < N`` from a constant start), so the cost is c + N * (one iteration):
+    going from 4 to 8 iterations adds twice what going from 2 to 4 adds."""
+    ws, x, _ = _data(5)
+
+    def looped(n):
+        return lambda w, x: lax.fori_loop(0, n, lambda i, h: jnp.tanh(h @ w), x)
+
+    plans = {n: ap.parallelize(looped(n), method=ap.ShardParallel(mesh=MESH)).plan(ws[0], x) for n in (2, 4, 8)}
+    p2, p4, p8 = (plans[n].predicted["compute"] for n in (2, 4, 8))
+    assert p4 > p2 and p8 - p4 == pytest.approx(2 * (p4 - p2), rel=0.05), (p2, p4, p8)
+    o2, o4, o8 = (plans[n].objective for n in (2, 4, 8))
+    assert o8 - o4 == pytest.approx(2 * (o4 - o2), rel=0.05), (o2, o4, o8)

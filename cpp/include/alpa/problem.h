@@ -31,11 +31,15 @@ struct ShardingProblem {
 // `pinned`: (node, spec) pairs; the node may only take strategies whose out spec equals spec
 // (entries on size-1 mesh axes are ignored), emitted as a self-equality (u == v) that forbids the
 // rest. Throws std::invalid_argument naming the node and its specs if none matches.
+// `node_weights`: empty, or one factor >= 0 per node that scales the node's compute and
+// communication costs and the resharding costs of its operands (a loop body's ops: the loop's
+// trip count); memory is not scaled (a body's live set exists once).
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
                                        const std::vector<int64_t>& donated_args = {},
-                                       const std::vector<std::pair<int64_t, Spec>>& pinned = {});
+                                       const std::vector<std::pair<int64_t, Spec>>& pinned = {},
+                                       const std::vector<double>& node_weights = {});
 
 // Per-device peak memory of a strategy index per ILP group (see memory.h).
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);

@@ -121,7 +121,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     def build(opt):
         return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
                                             list(graph.donated_args),
-                                            [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins])
+                                            [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
+                                            [] if graph.weights is None else list(graph.weights))
     problem = build(option)
     timings["build"] = time.perf_counter() - t
     if progress is not None:

@@ -96,6 +96,7 @@ class OpGraph:
     fallbacks: dict = dataclasses.field(default_factory=dict)  # op name -> count made OPAQUE
     donated_args: list = dataclasses.field(default_factory=list)  # flat entry-arg indices donated
     ties: list = dataclasses.field(default_factory=list)  # (node, node) whose specs must be equal (loop carries)
+    weights: np.ndarray | None = None  # float64[N] cost factor per node (loop trip counts); None = all 1
 
     @property
     def num_nodes(self) -> int:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 
+import numpy as np
 from jaxlib.mlir import ir
 
 from alpa_pass.errors import ExtractError
@@ -105,6 +106,37 @@ def source_label(op_name: str, location: ir.Location) -> str:
     return short
 
 
+# Trip count assumed for a while loop whose count is not a static ``i < N`` from a constant start
+# (a data-dependent loop): its body's costs count this many times.
+UNKNOWN_TRIP_COUNT = 8
+_DENSE_INT = re.compile(r"dense<(-?\d+)>")
+
+
+def static_trip_count(op) -> int | None:
+    """Iterations of a ``stablehlo.while`` that counts ``i`` from a constant to a constant
+    (``cond: compare LT, i, N``, as jax lowers scan and fori_loop), or None."""
+    ret = list(op.regions[0].blocks[0].operations)[-1]
+    pred = ret.operands[0].owner if len(ret.operands) == 1 else None
+    if pred is None or not hasattr(pred, "name") or pred.name != "stablehlo.compare" or \
+            "LT" not in str(pred.attributes["comparison_direction"]):
+        return None
+    counter, bound = pred.operands
+    try:
+        counter = counter if isinstance(counter, ir.BlockArgument) else ir.BlockArgument(counter)
+    except (ValueError, TypeError):  # not a block argument: not a counter
+        return None
+    start, stop = _int_constant(op.operands[counter.arg_number]), _int_constant(bound)
+    return None if start is None or stop is None else max(0, stop - start)
+
+
+def _int_constant(value) -> int | None:
+    owner = value.owner
+    if not hasattr(owner, "name") or owner.name != "stablehlo.constant":
+        return None
+    m = _DENSE_INT.search(str(owner.attributes["value"]))
+    return int(m.group(1)) if m else None
+
+
 class _Walker:
     """Builds the graph for one extraction; holds the per-extraction caches and fallback log."""
 
@@ -113,9 +145,12 @@ class _Walker:
         self.builder = GraphBuilder()
         self._types: dict = {}
         self._info: list = []  # node id -> (shape, dtype_bytes)
+        self.weights: list = []  # node id -> cost factor (product of enclosing trip counts)
+        self._weight = 1.0
 
     def add(self, kind, shape, nbytes, operands, attrs, **kw) -> int:
         self._info.append((shape, nbytes))
+        self.weights.append(self._weight)
         return self.builder.add(kind, shape, nbytes, operands, attrs, **kw)
 
     def type_info(self, t: ir.Type, what: str) -> tuple:
@@ -205,12 +240,15 @@ class _Walker:
         carry = [self.add(OpKind.ELEMENTWISE, *self._info[u], (u,), (), op_name="stablehlo.while", label=f"carry{k}",
                           locator=OpLocator(loc.func, -3, k, loc.call_path, loc.nest))
                  for k, u in enumerate(ins)]
-        yields = None
+        yields, outer = None, self._weight
+        trip = static_trip_count(op)
+        self._weight = outer * (UNKNOWN_TRIP_COUNT if trip is None else trip)
         for r, region in enumerate(op.regions):  # 0: cond, 1: body
             block = region.blocks[0]
             out = self.walk_block(block, {**env, **dict(zip(block.arguments, carry))}, loc.func,
                                   loc.nest + ((loc.op_index, r),), loc.call_path)
             yields = out if r == 1 else yields
+        self._weight = outer
         if yields is None or len(yields) != len(carry):
             raise ExtractError(f"stablehlo.while ({source_label(op.name, op.location)}) has no body "
                                f"yielding its {len(carry)} carried values")
@@ -275,4 +313,7 @@ def extract_graph(module: ir.Module, entry: str = "main") -> OpGraph:
     params = w.add_params(funcs[entry])
     results = w.walk(entry, params, ())
     w.add_outputs(funcs[entry], results)
-    return w.builder.build(num_args=len(params), num_outputs=len(results))
+    graph = w.builder.build(num_args=len(params), num_outputs=len(results))
+    if any(x != 1.0 for x in w.weights):
+        graph.weights = np.asarray(w.weights, dtype=np.float64)
+    return graph

@@ -191,8 +191,9 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     ilp = problem.ilp
     rows = np.asarray(problem.strategy_offsets)[:-1] + np.asarray(solution.assignment)[np.asarray(problem.node_group)]
     out_specs = np.asarray(problem.out_specs)
-    compute = np.asarray(problem.compute_cost)[rows]
-    comm = np.asarray(problem.comm_cost)[rows]
+    weights = np.ones(graph.num_nodes) if graph.weights is None else np.asarray(graph.weights)
+    compute = np.asarray(problem.compute_cost)[rows] * weights  # a loop body's ops: x trip count
+    comm = np.asarray(problem.comm_cost)[rows] * weights
     names = problem.strategy_names
     in_offsets, in_specs = np.asarray(problem.in_spec_offsets), np.asarray(problem.in_specs)
     operand_specs = [[[int(a) for a in row] for row in in_specs[in_offsets[r]:in_offsets[r + 1]]]
