@@ -248,3 +248,13 @@ def test_first_computation_of_the_script_is_planned():
     assert out["params"][0]["devices"] == 8 and plain["params"][0]["devices"] == 1
     for a, b in zip(out["losses"], plain["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+def test_log_lines_once_when_the_application_configures_root_logging():
+    """With ALPA_PASS_LOG=info and an application that configured root logging itself, each
+    alpa_pass line is printed once (not again through the root logger)."""
+    _, run, stderr = _run("train_root_logging.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert run["plugin"]["planned"] == 1
+    planned = [ln for ln in stderr.splitlines() if "planned train_step" in ln]
+    assert len(planned) == 1, planned
+    assert not any(ln.startswith("ROOT alpa_pass") for ln in stderr.splitlines())
