@@ -30,6 +30,8 @@ _EXPORTS = {
     "value_and_grad": "alpa_pass.pipeline.trace.markers",
     "Plan": "alpa_pass.plan.plan",
     "Executable": "alpa_pass.runtime.executable",
+    "save_checkpoint": "alpa_pass.checkpoint", "restore_checkpoint": "alpa_pass.checkpoint",
+    "CheckpointError": "alpa_pass.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -50,7 +52,8 @@ def __dir__():
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
-    from alpa_pass.errors import (AlpaPassError, CompileError, EmitError, ExtractError,  # noqa: F401
+    from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
+    from alpa_pass.errors import (AlpaPassError, CheckpointError, CompileError, EmitError, ExtractError,  # noqa: F401
                                   InfeasibleError, MeshError, PlanMismatchError, ShardingError,
                                   SolverError, TraceError)
     from alpa_pass.mesh import LogicalMesh  # noqa: F401

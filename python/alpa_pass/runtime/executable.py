@@ -23,6 +23,11 @@ class Executable:
         self.input_shardings = list(jax.tree.leaves(compiled.input_shardings[0]))
         self.output_shardings = list(jax.tree.leaves(compiled.output_shardings))
 
+    @property
+    def in_treedef(self):
+        """The pytree structure of the argument tuple it was planned for."""
+        return self._in_treedef
+
     def __call__(self, *args):
         leaves, treedef = jax.tree.flatten(args)
         if treedef != self._in_treedef:
