@@ -28,6 +28,13 @@ class Executable:
         """The pytree structure of the argument tuple it was planned for."""
         return self._in_treedef
 
+    @property
+    def abstract_inputs(self) -> tuple:
+        """The argument tuple as ``jax.ShapeDtypeStruct``s carrying the input shardings."""
+        infos = jax.tree.leaves(self._compiled.args_info[0])
+        return jax.tree.unflatten(self._in_treedef, [jax.ShapeDtypeStruct(i.shape, i.dtype, sharding=s)
+                                                     for i, s in zip(infos, self.input_shardings)])
+
     def __call__(self, *args):
         leaves, treedef = jax.tree.flatten(args)
         if treedef != self._in_treedef:
