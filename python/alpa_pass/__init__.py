@@ -24,7 +24,7 @@ _EXPORTS = {
     "DataParallel": "alpa_pass.methods.presets", "Zero2Parallel": "alpa_pass.methods.presets",
     "Zero3Parallel": "alpa_pass.methods.presets",
     "PipeshardParallel": "alpa_pass.methods.pipeshard",
-    "FollowParallel": "alpa_pass.methods.follow",
+    "FollowParallel": "alpa_pass.methods.follow", "CreateStateParallel": "alpa_pass.methods.create_state",
     "AutoLayerOption": "alpa_pass.pipeline.options", "AutoStageOption": "alpa_pass.pipeline.options",
     "ManualStageOption": "alpa_pass.pipeline.options", "UniformStageOption": "alpa_pass.pipeline.options",
     "grad": "alpa_pass.pipeline.trace.markers", "mark_pipeline_boundary": "alpa_pass.pipeline.trace.markers",
@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names directly
                                   InfeasibleError, MeshError, PlanMismatchError, ShardingError,
                                   SolverError, TraceError)
     from alpa_pass.mesh import LogicalMesh  # noqa: F401
+    from alpa_pass.methods.create_state import CreateStateParallel  # noqa: F401
     from alpa_pass.methods.follow import FollowParallel  # noqa: F401
     from alpa_pass.methods.pipeshard import PipeshardParallel  # noqa: F401
     from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel  # noqa: F401

@@ -80,6 +80,14 @@ def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnum
     args = jax.tree.map(leaf_aval, args)
     plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
                                       pinned_args=pinned_args, pin_policy=pin_policy, pin_uses=pin_uses)
+    return plan, compile_plan(fn, args, plan, graph, out_tree, option, donate_argnums)
+
+
+def compile_plan(fn, args, plan: Plan, graph, out_tree, option: AutoShardingOption, donate_argnums=()):
+    """Lower ``fn(*args)`` with ``plan``'s input/output specs as its shardings, emit the plan into
+    the module and compile it (``make_plan``'s graph and output treedef). Returns jax ``Compiled``;
+    ``plan.emit_report`` and ``plan.timings`` ("emit", "compile") are set."""
+    args = jax.tree.map(leaf_aval, args)
     jmesh = plan.mesh.jax_mesh()
     t = time.perf_counter()
     treedef = jax.tree.structure(args)
@@ -95,4 +103,4 @@ def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnum
     except Exception as e:  # XLA raises its own (XlaRuntimeError, ValueError) types
         raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {plan.mesh.shape}: {e}") from e
     plan.timings["compile"] = time.perf_counter() - t
-    return plan, compiled
+    return compiled

@@ -59,4 +59,5 @@ class FollowParallel(IntraOpMethod):
         exe = self.followed()
         matches = sorted(match_leaves(exe.abstract_inputs, args).items())
         nodes = graph.param_nodes()
-        return [(nodes[i], spec) for (i, _), spec in zip(matches, core_specs(exe, [j for _, j in matches], mesh))]
+        specs = core_specs([exe.input_shardings[j] for _, j in matches], mesh)
+        return [(nodes[i], spec) for (i, _), spec in zip(matches, specs)]

@@ -37,9 +37,9 @@ def train_executable(source, args=None) -> Executable:
     return exe
 
 
-def core_specs(exe: Executable, leaf_ids, mesh) -> list[list[int]]:
-    """Core specs on ``mesh`` of the executable's argument leaves ``leaf_ids``."""
-    return [core_spec(exe.input_shardings[j], mesh) for j in leaf_ids]
+def core_specs(shardings, mesh) -> list[list[int]]:
+    """Core specs (tensor dim per mesh axis, -1 = none) on ``mesh`` of ``NamedSharding``s."""
+    return [core_spec(s, mesh) for s in shardings]
 
 
 def match_leaves(reference, args) -> dict[int, int]:
