@@ -11,13 +11,14 @@ import dataclasses
 import logging
 import time
 
+import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.budget import resolve_budget, solve_within_budget
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -68,16 +69,19 @@ def _plan_one(request: PlanRequest, mesh: LogicalMesh, option: AutoShardingOptio
     one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled, unless
     the solve was cut off by ``option.solver_objective_bound``: then it is no optimum)."""
     timings = dict(request.timings)
+    option, budget = resolve_budget(option, mesh.devices if mesh.devices is not None else jax.devices()[:mesh.num_devices])
     if option.plan_cache_dir is not None:
         t = time.perf_counter()
         plan = cache.load_cached(option.plan_cache_dir, request.fingerprint, mesh, option, request.graph.num_nodes)
         if plan is not None:
             timings["cache"] = time.perf_counter() - t
             plan.timings = timings
+            plan.memory_budget = budget
             return plan
     plan = solve_graph(request.graph, mesh, option, request.ties, timings, progress, request.pins,
                        request.pinned_uses)
     plan.fingerprint = request.fingerprint
+    plan.memory_budget = budget
     bound = option.solver_objective_bound
     if option.plan_cache_dir is not None and (bound is None or plan.objective < bound):
         cache.store_cached(option.plan_cache_dir, plan, option)
