@@ -362,6 +362,8 @@ void bind_problem(nb::module_& m) {
         return std::make_tuple(peak.bytes, peak.at);
       }, "assignment"_a, "(per-device peak bytes, node where reached) of a strategy per group.")
       .def_ro("ilp", &ShardingProblem::ilp)
+      .def_prop_ro("unpinned_uses", [](const ShardingProblem& p) { return view(p, p.unpinned_uses); },
+                   "int64[K]: nodes reading a pinned_uses node that no strategy lets read it as pinned.")
       .def_prop_ro("repeat_stats", [](const ShardingProblem& p) {
         return tie_stats_dict(p.repeat);
       }, "Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, "
@@ -370,11 +372,14 @@ void bind_problem(nb::module_& m) {
         "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
         "donated_args"_a = std::vector<int64_t>{},
         "pinned"_a = std::vector<std::pair<int64_t, Spec>>{},
+        "pinned_uses"_a = std::vector<int64_t>{},
         "node_weights"_a = std::vector<double>{},
         "ties: node pairs whose result specs must be equal.\n"
         "donated_args: flat entry-argument indices whose buffers may be reused.\n"
         "pinned: (node, spec) pairs; the node may only take strategies whose result spec equals\n"
         "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).\n"
+        "pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding\n"
+        "on their out-edges); users that cannot are left free (unpinned_uses).\n"
         "node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).");
 }
 

@@ -7,6 +7,7 @@
 // i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -192,6 +193,56 @@ std::vector<IlpEquality> pin_equalities(const Graph& g, const Mesh& mesh, const 
   return eqs;
 }
 
+// One self-equality per ILP group that reads a `pinned_uses` node: the group's strategies that read
+// such an operand in another spec than its pin (on mesh axes of size > 1) are forbidden. A group
+// with no strategy left is not restricted; its reading nodes go to p.unpinned_uses.
+std::vector<IlpEquality> use_pin_equalities(const Graph& g, const Mesh& mesh, ShardingProblem& p,
+                                            const std::vector<std::pair<int64_t, Spec>>& pinned,
+                                            const std::vector<int64_t>& pinned_uses) {
+  std::map<int64_t, Spec> want;
+  for (int64_t u : pinned_uses) {
+    auto it = std::find_if(pinned.begin(), pinned.end(), [u](const auto& pin) { return pin.first == u; });
+    if (it == pinned.end()) {
+      throw std::invalid_argument("pinned use of node " + std::to_string(u) + ": the node is not pinned");
+    }
+    want[u] = it->second;
+  }
+  std::map<int64_t, std::vector<char>> allowed;  // group -> strategies kept
+  std::map<int64_t, std::vector<int64_t>> readers;
+  for (int64_t v = 0; v < g.num_nodes() && !want.empty(); ++v) {
+    const auto ops = g.operands(v);
+    const auto& list = p.nodes[v].list;
+    for (size_t t = 0; t < ops.size(); ++t) {
+      auto w = want.find(ops[t]);
+      if (w == want.end()) continue;
+      auto& keep = allowed.try_emplace(p.node_group[v], list.size(), 1).first->second;
+      for (size_t i = 0; i < list.size() && i < keep.size(); ++i) {
+        if (t >= list[i].ins.size()) continue;
+        for (int a = 0; a < mesh.ndim(); ++a) {
+          if (mesh.shape[a] > 1 && list[i].ins[t][a] != w->second[a]) keep[i] = 0;
+        }
+      }
+      readers[p.node_group[v]].push_back(v);
+    }
+  }
+  std::vector<IlpEquality> eqs;
+  for (const auto& [group, keep] : allowed) {
+    if (std::none_of(keep.begin(), keep.end(), [](char k) { return k != 0; })) {
+      for (int64_t v : readers[group]) p.unpinned_uses.push_back(v);
+      continue;
+    }
+    IlpEquality eq;
+    eq.u = eq.v = group;
+    eq.match.assign(keep.size(), -1);
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (keep[i]) eq.match[i] = static_cast<int64_t>(i);
+    }
+    eqs.push_back(std::move(eq));
+  }
+  std::sort(p.unpinned_uses.begin(), p.unpinned_uses.end());
+  return eqs;
+}
+
 }  // namespace
 
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
@@ -199,6 +250,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
                                        const std::vector<int64_t>& donated_args,
                                        const std::vector<std::pair<int64_t, Spec>>& pinned,
+                                       const std::vector<int64_t>& pinned_uses,
                                        const std::vector<double>& node_weights) {
   graph.validate();
   mesh.validate();
@@ -245,6 +297,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
   }
   std::vector<IlpEquality> eqs = tie_equalities(graph, p, ties);
   for (IlpEquality& eq : pin_equalities(graph, mesh, p, pinned)) eqs.push_back(std::move(eq));
+  for (IlpEquality& eq : use_pin_equalities(graph, mesh, p, pinned, pinned_uses)) eqs.push_back(std::move(eq));
   p.memory = build_memory_model(graph, donated_args);
   std::vector<IlpLinearRow> rows;
   if (options.memory_budget_per_device > 0.0) {

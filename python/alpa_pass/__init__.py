@@ -24,12 +24,15 @@ _EXPORTS = {
     "DataParallel": "alpa_pass.methods.presets", "Zero2Parallel": "alpa_pass.methods.presets",
     "Zero3Parallel": "alpa_pass.methods.presets",
     "PipeshardParallel": "alpa_pass.methods.pipeshard",
+    "FollowParallel": "alpa_pass.methods.follow", "CreateStateParallel": "alpa_pass.methods.create_state",
     "AutoLayerOption": "alpa_pass.pipeline.options", "AutoStageOption": "alpa_pass.pipeline.options",
     "ManualStageOption": "alpa_pass.pipeline.options", "UniformStageOption": "alpa_pass.pipeline.options",
     "grad": "alpa_pass.pipeline.trace.markers", "mark_pipeline_boundary": "alpa_pass.pipeline.trace.markers",
     "value_and_grad": "alpa_pass.pipeline.trace.markers",
     "Plan": "alpa_pass.plan.plan",
     "Executable": "alpa_pass.runtime.executable",
+    "save_checkpoint": "alpa_pass.checkpoint", "restore_checkpoint": "alpa_pass.checkpoint",
+    "CheckpointError": "alpa_pass.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -50,10 +53,13 @@ def __dir__():
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
-    from alpa_pass.errors import (AlpaPassError, CompileError, EmitError, ExtractError,  # noqa: F401
+    from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
+    from alpa_pass.errors import (AlpaPassError, CheckpointError, CompileError, EmitError, ExtractError,  # noqa: F401
                                   InfeasibleError, MeshError, PlanMismatchError, ShardingError,
                                   SolverError, TraceError)
     from alpa_pass.mesh import LogicalMesh  # noqa: F401
+    from alpa_pass.methods.create_state import CreateStateParallel  # noqa: F401
+    from alpa_pass.methods.follow import FollowParallel  # noqa: F401
     from alpa_pass.methods.pipeshard import PipeshardParallel  # noqa: F401
     from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel  # noqa: F401
     from alpa_pass.methods.shard import ShardParallel  # noqa: F401

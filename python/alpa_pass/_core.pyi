@@ -435,17 +435,25 @@ class ShardingProblem:
     def ilp(self) -> IlpProblem: ...
 
     @property
+    def unpinned_uses(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
+        """
+        int64[K]: nodes reading a pinned_uses node that no strategy lets read it as pinned.
+        """
+
+    @property
     def repeat_stats(self) -> dict:
         """
         Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, classes_skipped, groups_before, groups_after (repeat.h).
         """
 
-def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], node_weights: Sequence[float] = []) -> ShardingProblem:
+def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], pinned_uses: Sequence[int] = [], node_weights: Sequence[float] = []) -> ShardingProblem:
     """
     ties: node pairs whose result specs must be equal.
     donated_args: flat entry-argument indices whose buffers may be reused.
     pinned: (node, spec) pairs; the node may only take strategies whose result spec equals
     spec (size-1 mesh axes ignored); ValueError if none does (problem.h).
+    pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding
+    on their out-edges); users that cannot are left free (unpinned_uses).
     node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).
     """
 

@@ -71,6 +71,11 @@ class ParallelizedFunction:
         return self.method.plan_for(self._bind_static(args), self._dynamic(args), donate)
 
     @property
+    def executables(self) -> list:
+        """The executables built so far, one per argument signature, oldest first."""
+        return list(self._cache.values())
+
+    @property
     def num_plans(self) -> int:
         """How many argument signatures have been planned (each plan is cached)."""
         return len(self._cache)

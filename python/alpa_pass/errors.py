@@ -52,3 +52,8 @@ class PlanDivergedError(AlpaPassError):
 
 class LaunchError(AlpaPassError):
     """A multi-process launch failed: MPI or mpirun missing, coordinator unreachable, bad flags."""
+
+
+class CheckpointError(AlpaPassError):
+    """A checkpoint cannot be saved or restored: no checkpoint at the path, a step that was never
+    finalized or is truncated, or a target whose layouts do not fit the saved arrays."""

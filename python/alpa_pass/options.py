@@ -66,6 +66,10 @@ class AutoShardingOption:
         stopped first by ``solver_time_limit_s`` is discarded on "auto" and kept (its incumbent,
         ``plan.refinement["time_limited"]``) when forced.
       refine_node_limit: branch-and-bound nodes of the refinement solve (a deterministic bound).
+      device_memory_fraction: with ``memory_budget_per_device=None``, plans on GPU/TPU devices get
+        this fraction of the device's memory (``memory_stats()["bytes_limit"]``) as their budget
+        (``driver.budget.resolve_budget``; ``plan.memory_budget`` says which budget was used);
+        ``None``: no budget unless one is given. CPU devices get no budget unless one is given.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -87,6 +91,7 @@ class AutoShardingOption:
     prefer_reduce_scatter: bool = False
     refine_unmerged: bool | str = "auto"
     refine_node_limit: int = 1000
+    device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
 
     def __post_init__(self):
         if not (isinstance(self.refine_unmerged, bool) or self.refine_unmerged == "auto"):
@@ -104,6 +109,9 @@ class AutoShardingOption:
             raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
         if self.refine_node_limit < 0:
             raise ValueError(f"AutoShardingOption.refine_node_limit must be >= 0, got {self.refine_node_limit}")
+        if self.device_memory_fraction is not None and not 0 < self.device_memory_fraction <= 1:
+            raise ValueError(f"AutoShardingOption.device_memory_fraction must be in (0, 1] or None, "
+                             f"got {self.device_memory_fraction!r}")
         if self.solver_threads < 1:
             raise ValueError("AutoShardingOption.solver_threads must be >= 1")
         if self.memory_budget_per_device is not None and not self.memory_budget_per_device > 0:

@@ -22,7 +22,7 @@ LAYERS = [
     {"alpa_pass.driver"},
     {"alpa_pass.pipeline"},
     {"alpa_pass.methods"},
-    {"alpa_pass.api", "alpa_pass.plugin", "alpa_pass.tools", "alpa_pass.launch"},
+    {"alpa_pass.api", "alpa_pass.plugin", "alpa_pass.tools", "alpa_pass.launch", "alpa_pass.checkpoint"},
 ]
 
 

@@ -20,6 +20,7 @@ struct ShardingProblem {
   MemoryModel memory;                 // liveness of the materialised values
   int64_t num_memory_rows = 0;        // ILP linear rows from the memory budget (0 without one)
   TieStats repeat;                    // repeated-layer ties (all zero unless tie_repeated_layers)
+  std::vector<int64_t> unpinned_uses; // users of `pinned_uses` nodes left free to reshard them
   IlpProblem ilp;
 };
 
@@ -31,6 +32,10 @@ struct ShardingProblem {
 // `pinned`: (node, spec) pairs; the node may only take strategies whose out spec equals spec
 // (entries on size-1 mesh axes are ignored), emitted as a self-equality (u == v) that forbids the
 // rest. Throws std::invalid_argument naming the node and its specs if none matches.
+// `pinned_uses`: pinned nodes that their users must also read in the pinned spec (no resharding on
+// their out-edges: a followed parameter is used where it lies). Each user's ILP group keeps only the
+// strategies that read every such operand as pinned; a group that would keep none keeps all (its
+// nodes are listed in `unpinned_uses`). Throws std::invalid_argument for a node that is not pinned.
 // `node_weights`: empty, or one factor >= 0 per node that scales the node's compute and
 // communication costs and the resharding costs of its operands (a loop body's ops: the loop's
 // trip count); memory is not scaled (a body's live set exists once).
@@ -39,6 +44,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
                                        const std::vector<int64_t>& donated_args = {},
                                        const std::vector<std::pair<int64_t, Spec>>& pinned = {},
+                                       const std::vector<int64_t>& pinned_uses = {},
                                        const std::vector<double>& node_weights = {});
 
 // Per-device peak memory of a strategy index per ILP group (see memory.h).

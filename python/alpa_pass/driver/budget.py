@@ -5,6 +5,7 @@ in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from alpa_pass import _core
@@ -50,3 +51,30 @@ def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.4g}"
+
+
+def resolve_budget(option, devices) -> tuple:
+    """(option with the memory budget to plan under, {"bytes", "source"} describing it).
+
+    A given ``memory_budget_per_device`` is kept ("given"). Otherwise, on GPU/TPU devices whose
+    ``memory_stats()`` report a ``bytes_limit``, the budget is ``device_memory_fraction`` of the
+    smallest such limit ("device"); on CPU, with ``device_memory_fraction=None`` or without
+    memory stats there is none ("none").
+    """
+    if option.memory_budget_per_device is not None:
+        return option, {"bytes": int(option.memory_budget_per_device), "source": "given"}
+    limits = [_bytes_limit(d) for d in devices if getattr(d, "platform", "cpu") != "cpu"]
+    if option.device_memory_fraction is None or not limits or None in limits:
+        return option, {"bytes": None, "source": "none"}
+    budget = int(min(limits) * option.device_memory_fraction)
+    return (dataclasses.replace(option, memory_budget_per_device=budget),
+            {"bytes": budget, "source": "device", "fraction": option.device_memory_fraction,
+             "bytes_limit": min(limits)})
+
+
+def _bytes_limit(device):
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without memory stats raise (e.g. NotImplementedError, XlaRuntimeError)
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None

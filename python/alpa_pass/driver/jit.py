@@ -25,7 +25,7 @@ from alpa_pass.trace.lower import fn_name, leaf_aval, lower
 
 
 def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None = None,
-              donate_argnums=(), pinned_args=None, pin_policy=None):
+              donate_argnums=(), pinned_args=None, pin_policy=None, pin_uses: bool = False):
     """Trace, extract, build and solve: the Plan for ``fn(*args)`` (nothing compiled).
 
     Returns (plan, graph, out_treedef).
@@ -38,6 +38,8 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
     leaf: the leaf's layout is forced (pipeline apply programs); part of the plan's fingerprint.
     ``pin_policy``: ``policy(graph, ties, args) -> [(node, core spec)]``, more forced layouts
     decided on the extracted step (presets: ``methods.presets.PresetParallel.pins``).
+    ``pin_uses``: the ops reading a pinned value read it in its pinned layout too (nothing
+    reshards it; ``FollowParallel``).
     Arguments are traced abstractly: one committed to another sharding (another plan's output,
     a ``device_put``) is planned like an uncommitted one and resharded on entry.
     """
@@ -65,18 +67,27 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         request = PlanRequest.create(graph, lowered.as_text(debug_info=False), leaves, meshes, option,
                                      out_avals=jax.tree.leaves(lowered.out_info), ties=ties,
                                      pins=pins, name=fn_name(fn), saved=saved,
-                                     timings=timings)
+                                     timings=timings, pinned_uses=[v for v, _ in pins] if pin_uses else ())
         plan = plan_request(request, progress)
     return plan, graph, lowered.out_tree
 
 
 def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnums=(),
-                     saved: Plan | None = None, pinned_args=None, pin_policy=None) -> tuple[Plan, object]:
+                     saved: Plan | None = None, pinned_args=None, pin_policy=None,
+                     pin_uses: bool = False) -> tuple[Plan, object]:
     """Plan ``fn(*args)`` (see :func:`make_plan`) and compile it for ``plan.mesh``.
     Returns (plan, jax ``Compiled``)."""
     args = jax.tree.map(leaf_aval, args)
     plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
-                                      pinned_args=pinned_args, pin_policy=pin_policy)
+                                      pinned_args=pinned_args, pin_policy=pin_policy, pin_uses=pin_uses)
+    return plan, compile_plan(fn, args, plan, graph, out_tree, option, donate_argnums)
+
+
+def compile_plan(fn, args, plan: Plan, graph, out_tree, option: AutoShardingOption, donate_argnums=()):
+    """Lower ``fn(*args)`` with ``plan``'s input/output specs as its shardings, emit the plan into
+    the module and compile it (``make_plan``'s graph and output treedef). Returns jax ``Compiled``;
+    ``plan.emit_report`` and ``plan.timings`` ("emit", "compile") are set."""
+    args = jax.tree.map(leaf_aval, args)
     jmesh = plan.mesh.jax_mesh()
     t = time.perf_counter()
     treedef = jax.tree.structure(args)
@@ -92,4 +103,4 @@ def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnum
     except Exception as e:  # XLA raises its own (XlaRuntimeError, ValueError) types
         raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {plan.mesh.shape}: {e}") from e
     plan.timings["compile"] = time.perf_counter() - t
-    return plan, compiled
+    return compiled

@@ -11,13 +11,14 @@ import dataclasses
 import logging
 import time
 
+import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.budget import resolve_budget, solve_within_budget
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -68,15 +69,19 @@ def _plan_one(request: PlanRequest, mesh: LogicalMesh, option: AutoShardingOptio
     one (timings gain "cache"), else a solved plan (stored in the cache when it is enabled, unless
     the solve was cut off by ``option.solver_objective_bound``: then it is no optimum)."""
     timings = dict(request.timings)
+    option, budget = resolve_budget(option, mesh.devices if mesh.devices is not None else jax.devices()[:mesh.num_devices])
     if option.plan_cache_dir is not None:
         t = time.perf_counter()
         plan = cache.load_cached(option.plan_cache_dir, request.fingerprint, mesh, option, request.graph.num_nodes)
         if plan is not None:
             timings["cache"] = time.perf_counter() - t
             plan.timings = timings
+            plan.memory_budget = budget
             return plan
-    plan = solve_graph(request.graph, mesh, option, request.ties, timings, progress, request.pins)
+    plan = solve_graph(request.graph, mesh, option, request.ties, timings, progress, request.pins,
+                       request.pinned_uses)
     plan.fingerprint = request.fingerprint
+    plan.memory_budget = budget
     bound = option.solver_objective_bound
     if option.plan_cache_dir is not None and (bound is None or plan.objective < bound):
         cache.store_cached(option.plan_cache_dir, plan, option)
@@ -104,13 +109,14 @@ def core_graph(graph: OpGraph):
 
 
 def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
-                ties=(), timings: dict | None = None, progress=None, pins=()) -> Plan:
+                ties=(), timings: dict | None = None, progress=None, pins=(), pinned_uses=()) -> Plan:
     """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
     ``progress``: a ``driver.progress.PlanningProgress`` told each stage (optional).
     ``pins``: (node, core spec) pairs the node's result must have (an empty spec: replicated;
-    ValueError naming the node if it has no such strategy).
+    ValueError naming the node if it has no such strategy). ``pinned_uses``: pinned nodes that
+    their users must read as pinned (a user that cannot is left free and logged).
     """
     timings = {} if timings is None else timings
     where = "x".join(map(str, mesh.shape))
@@ -122,8 +128,12 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
+                                            list(pinned_uses),
                                             [] if graph.weights is None else list(graph.weights))
     problem = build(option)
+    if len(problem.unpinned_uses):
+        log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
+                    len(problem.unpinned_uses), ", ".join(graph.labels[v] for v in problem.unpinned_uses[:8]))
     timings["build"] = time.perf_counter() - t
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
@@ -135,7 +145,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
         log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
         return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
-                           timings, progress, pins)
+                           timings, progress, pins, pinned_uses)
     timings["solve"] = solution.solve_time_s
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:

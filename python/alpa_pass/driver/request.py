@@ -30,6 +30,8 @@ class PlanRequest:
       ties: (node, node) pairs whose specs must be equal (outputs tied to the inputs they update).
       pins: (node, core spec) pairs: forced layouts (presets, pipeline parameters); an empty
         spec pins the node replicated on whatever mesh is planned.
+      pinned_uses: pinned nodes whose users must read them in the pinned layout too (no
+        resharding on their out-edges; ``FollowParallel``'s parameters).
       key_inputs / key_outputs: flat indices of argument / output leaves that are typed PRNG keys:
         planned replicated, and their specs in the plan are those of the key arrays (rank 0 for
         a scalar key), not of the key data the module carries.
@@ -50,13 +52,14 @@ class PlanRequest:
     timings: dict = dataclasses.field(default_factory=dict)
     key_inputs: tuple = ()
     key_outputs: tuple = ()
+    pinned_uses: tuple = ()
 
     @classmethod
     def create(cls, graph: OpGraph, module_text: str, arg_avals, meshes, option: AutoShardingOption, *,
                out_avals=(), ties=(), pins=(), name: str = "fn", saved: Plan | None = None,
-               timings=None) -> "PlanRequest":
+               timings=None, pinned_uses=()) -> "PlanRequest":
         """A request whose fingerprint covers the module, the argument avals, the donated
-        arguments (``graph.donated_args``) and the pins. Typed PRNG key leaves among
+        arguments (``graph.donated_args``), the pins and pinned uses. Typed PRNG key leaves among
         ``arg_avals`` / ``out_avals`` (flat) are pinned replicated."""
         key_inputs = tuple(i for i, a in enumerate(arg_avals) if is_prng_key(a))
         key_outputs = tuple(i for i, a in enumerate(out_avals) if is_prng_key(a))
@@ -64,13 +67,14 @@ class PlanRequest:
         pinned = {int(v): tuple(int(a) for a in s) for v, s in pins}
         pinned.update((int(v), ()) for v in key_nodes)
         ties, pins = (*ties, *graph.ties), tuple(sorted(pinned.items()))
-        digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins)
+        pinned_uses = tuple(sorted(int(v) for v in pinned_uses))
+        digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins, pinned_uses)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
                    name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,
-                   key_outputs=key_outputs)
+                   key_outputs=key_outputs, pinned_uses=pinned_uses)
 
 
-def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()) -> str:
+def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=(), pinned_uses=()) -> str:
     """Identity of a plan request as the planner sees it (stable across processes).
 
     Args:
@@ -79,6 +83,7 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
       num_nodes: node count of the extracted graph (ties the fingerprint to the extractor).
       donated: flat indices of donated argument leaves (donation changes memory liveness).
       pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
+      pinned_uses: pinned nodes whose users must read them as pinned (``PlanRequest.pinned_uses``).
     """
     h = hashlib.sha256(canonical_text(module_text).encode())
     for a in map(leaf_aval, arg_avals):
@@ -86,6 +91,8 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
     h.update(f"|nodes={int(num_nodes)}|donated={sorted(int(i) for i in donated)}".encode())
     if pins:
         h.update(f"|pinned={[(int(v), list(s)) for v, s in pins]}".encode())
+    if pinned_uses:
+        h.update(f"|pinned_uses={sorted(int(v) for v in pinned_uses)}".encode())
     return h.hexdigest()
 
 

@@ -24,6 +24,7 @@ class IntraOpMethod(ParallelMethod):
     """
 
     saved_plan: Plan | None = None
+    pin_uses: bool = False  # whether the ops reading a pinned argument read it as pinned too
 
     def resolved_mesh(self):
         raise NotImplementedError
@@ -45,13 +46,15 @@ class IntraOpMethod(ParallelMethod):
     def build_executable(self, fn, args, donate_argnums) -> Executable:
         mesh = self.resolved_mesh()
         plan, compiled = plan_and_compile(fn, args, mesh, self.planning_option(), donate_argnums,
-                                          saved=self.saved_plan, pin_policy=self._policy(mesh))
+                                          saved=self.saved_plan, pin_policy=self._policy(mesh),
+                                          pin_uses=self.pin_uses)
         return Executable(plan, compiled, jax.tree.structure(args), jax.tree.structure(compiled.output_shardings))
 
     def plan_for(self, fn, args, donate_argnums) -> Plan:
         mesh = self.resolved_mesh()
         plan, _, _ = make_plan(fn, args, mesh, self.planning_option(), saved=self.saved_plan,
-                               donate_argnums=donate_argnums, pin_policy=self._policy(mesh))
+                               donate_argnums=donate_argnums, pin_policy=self._policy(mesh),
+                               pin_uses=self.pin_uses)
         return plan
 
     def _policy(self, mesh):

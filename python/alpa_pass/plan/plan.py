@@ -58,6 +58,8 @@ class Plan:
       mesh_search: with ``mesh="auto"``, one {"shape", "objective", "solve_s", ...} per shape tried.
       refinement: which solve produced the plan and both objectives (``driver.refine.refine_unmerged``:
         {"solve": "merged" | "unmerged", "merged_objective", "unmerged_objective", "skipped", ...}).
+      memory_budget: the per-device budget planned under: {"bytes" (None: no budget), "source":
+        "given" (memory_budget_per_device), "device" (a fraction of the device's memory) or "none"}.
     """
 
     mesh: LogicalMesh
@@ -80,6 +82,7 @@ class Plan:
     origin: str = "solver"
     mesh_search: list = dataclasses.field(default_factory=list)
     refinement: dict = dataclasses.field(default_factory=dict)
+    memory_budget: dict = dataclasses.field(default_factory=dict)
 
     def summary(self, max_rows: int = 20) -> str:
         """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""
@@ -93,6 +96,8 @@ class Plan:
                       f"[{self.solver_status}, gap {self.mip_gap:.2g}]")
         console.print(f"predicted peak memory per device {self.predicted_peak_bytes / 2**20:.4g} MiB "
                       f"({int(self.predicted_peak_bytes)} bytes)")
+        if self.memory_budget:
+            console.print(budget_line(self.memory_budget))
         size = self.ilp_size
         tied = (f" ({size['groups_untied']} before tying repeated layers)"
                 if size.get("groups_untied", size["groups"]) != size["groups"] else "")
@@ -221,3 +226,14 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
                 node_specs=node_specs, operand_specs=operand_specs, choices=choices, ilp_size=ilp_size,
                 solve_time_s=solution.solve_time_s, solver_status=solution.status,
                 mip_gap=solution.mip_gap, timings=timings, fallbacks=dict(graph.fallbacks))
+
+
+def budget_line(budget: dict) -> str:
+    """The summary's line saying which memory budget the plan was made under."""
+    if budget.get("bytes") is None:
+        return "memory budget: none (CPU devices, or device_memory_fraction=None: give memory_budget_per_device)"
+    gib = budget["bytes"] / 2**30
+    if budget["source"] == "device":
+        return (f"memory budget: {gib:.4g} GiB per device = {budget['fraction']:g} x the device's "
+                f"{budget['bytes_limit'] / 2**30:.4g} GiB (memory_stats bytes_limit)")
+    return f"memory budget: {gib:.4g} GiB per device (memory_budget_per_device)"

@@ -23,6 +23,18 @@ class Executable:
         self.input_shardings = list(jax.tree.leaves(compiled.input_shardings[0]))
         self.output_shardings = list(jax.tree.leaves(compiled.output_shardings))
 
+    @property
+    def in_treedef(self):
+        """The pytree structure of the argument tuple it was planned for."""
+        return self._in_treedef
+
+    @property
+    def abstract_inputs(self) -> tuple:
+        """The argument tuple as ``jax.ShapeDtypeStruct``s carrying the input shardings."""
+        infos = jax.tree.leaves(self._compiled.args_info[0])
+        return jax.tree.unflatten(self._in_treedef, [jax.ShapeDtypeStruct(i.shape, i.dtype, sharding=s)
+                                                     for i, s in zip(infos, self.input_shardings)])
+
     def __call__(self, *args):
         leaves, treedef = jax.tree.flatten(args)
         if treedef != self._in_treedef:
