@@ -98,7 +98,7 @@ void check_attrs(const Graph& g, int64_t v) {
     case OpKind::kParameter: decoded(g, v, decode_parameter_attrs); break;
     case OpKind::kOutput: check_operand_count(g, v, 1); decoded(g, v, decode_output_attrs); break;
     case OpKind::kGenerator: check_empty(g, v); break;
-    case OpKind::kElementwise:
+    case OpKind::kElementwise:  // runtime-indexed dims are among the unshardable ones
       check_dims(g, v, decoded(g, v, decode_elementwise_attrs).unshardable_dims, g.rank(v),
                  "unshardable");
       break;

@@ -111,7 +111,23 @@ OutputAttrs decode_output_attrs(std::span<const int64_t> attrs) {
 }
 
 ElementwiseAttrs decode_elementwise_attrs(std::span<const int64_t> attrs) {
-  return {all_dims(attrs)};
+  const auto sep = std::find(attrs.begin(), attrs.end(), int64_t{-1});
+  ElementwiseAttrs a{Dims(attrs.begin(), sep), {}};
+  if (sep == attrs.end()) return a;
+  a.runtime_indexed_dims.assign(sep + 1, attrs.end());
+  if (std::find(a.runtime_indexed_dims.begin(), a.runtime_indexed_dims.end(), int64_t{-1}) !=
+      a.runtime_indexed_dims.end()) {
+    throw std::invalid_argument(
+        "ELEMENTWISE attrs have more than one -1 (layout [unshardable dims..., -1, runtime-indexed "
+        "dims...])");
+  }
+  for (int64_t d : a.runtime_indexed_dims) {
+    if (std::find(a.unshardable_dims.begin(), a.unshardable_dims.end(), d) ==
+        a.unshardable_dims.end()) {
+      a.unshardable_dims.push_back(d);
+    }
+  }
+  return a;
 }
 
 BroadcastAttrs decode_broadcast_attrs(std::span<const int64_t> attrs) {

@@ -1,7 +1,7 @@
-// Whole-graph assembly (see problem.h): strategies per node in topological order, followers merged
-// into their leader's ILP group, repeated layers' groups merged (repeat.h), resharding costs
-// accumulated per pair of groups, ties turned into equalities, the memory model (and budget
-// rows), then build_ilp.
+// Whole-graph assembly (see problem.h): strategies per node in topological order (less the splits
+// unsafe_splits.h removes), followers merged into their leader's ILP group, repeated layers'
+// groups merged (repeat.h), resharding costs accumulated per pair of groups, ties turned into
+// equalities, the memory model (and budget rows), then build_ilp.
 //
 // Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
 // i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
@@ -14,6 +14,7 @@
 
 #include "alpa/problem.h"
 #include "alpa/spec.h"
+#include "alpa/unsafe_splits.h"
 
 namespace alpa {
 namespace {
@@ -269,9 +270,11 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
   p.node_group.assign(n, -1);
   int64_t num_groups = 0;
   std::vector<size_t> group_size;
+  const std::vector<Dims> indexed = runtime_indexed_dims(graph);
   for (int64_t v = 0; v < n; ++v) {
     const RuleContext ctx{graph, mesh, options, p.nodes};
     p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
+    drop_unsafe_splits(ctx, indexed, v, p.nodes.back());
     check_rule_output(graph, mesh, p.nodes, v);
     const double bytes = graph.bytes(v);
     for (Strategy& st : p.nodes[v].list) st.memory = bytes / static_cast<double>(num_shards(st.out, mesh));

@@ -14,9 +14,9 @@ from alpa_pass._version import __version__
 # public name -> the module that defines it
 _EXPORTS = {
     "ParallelizedFunction": "alpa_pass.api", "parallelize": "alpa_pass.api",
-    "AlpaPassError": "alpa_pass.errors", "CompileError": "alpa_pass.errors", "EmitError": "alpa_pass.errors",
+    "AlpaPassError": "alpa_pass.errors", "ArgumentError": "alpa_pass.errors", "CompileError": "alpa_pass.errors", "EmitError": "alpa_pass.errors",
     "ExtractError": "alpa_pass.errors", "InfeasibleError": "alpa_pass.errors", "MeshError": "alpa_pass.errors",
-    "PlanMismatchError": "alpa_pass.errors", "ShardingError": "alpa_pass.errors",
+    "OptionError": "alpa_pass.errors", "PlanMismatchError": "alpa_pass.errors", "ShardingError": "alpa_pass.errors",
     "SolverError": "alpa_pass.errors", "TraceError": "alpa_pass.errors",
     "LogicalMesh": "alpa_pass.mesh",
     "AutoShardingOption": "alpa_pass.options",
@@ -54,9 +54,9 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
     from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
-    from alpa_pass.errors import (AlpaPassError, CheckpointError, CompileError, EmitError, ExtractError,  # noqa: F401
-                                  InfeasibleError, MeshError, PlanMismatchError, ShardingError,
-                                  SolverError, TraceError)
+    from alpa_pass.errors import (AlpaPassError, ArgumentError, CheckpointError, CompileError,  # noqa: F401
+                                  EmitError, ExtractError, InfeasibleError, MeshError, OptionError,
+                                  PlanMismatchError, ShardingError, SolverError, TraceError)
     from alpa_pass.mesh import LogicalMesh  # noqa: F401
     from alpa_pass.methods.create_state import CreateStateParallel  # noqa: F401
     from alpa_pass.methods.follow import FollowParallel  # noqa: F401

@@ -108,6 +108,9 @@ class ElementwiseAttrs:
     @property
     def unshardable_dims(self) -> list[int]: ...
 
+    @property
+    def runtime_indexed_dims(self) -> list[int]: ...
+
 def decode_elementwise_attrs(attrs: Sequence[int]) -> ElementwiseAttrs:
     """
     The named fields of one node's attrs; ValueError naming the layout if malformed.

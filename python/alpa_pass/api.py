@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 
+from alpa_pass.errors import ArgumentError
 from alpa_pass.methods.base import ParallelMethod
 from alpa_pass.methods.shard import ShardParallel
 
@@ -16,6 +18,9 @@ def parallelize(fn=None, *, method: ParallelMethod | None = None, donate_argnums
     The default method is ``ShardParallel()`` (all devices as a 1 x N mesh). The returned function
     plans and compiles once per argument structure/shape/dtype (and static argument values) and
     then just runs. Keyword arguments are not supported (pass everything positionally).
+    ``static_argnums`` / ``donate_argnums`` count as in ``jax.jit``: a negative number counts from
+    the last positional parameter (from the last argument of the call when ``fn`` takes
+    ``*args``); static argument values must be hashable (ArgumentError otherwise).
     """
     if fn is None:
         return functools.partial(parallelize, method=method, donate_argnums=donate_argnums,
@@ -33,9 +38,11 @@ class ParallelizedFunction:
         if not isinstance(method, ParallelMethod):
             raise TypeError(f"parallelize(method=...) takes ShardParallel(...) (or another alpa_pass "
                             f"method), got {type(method).__name__}")
-        if set(donate_argnums) & set(static_argnums):
-            raise ValueError(f"an argument cannot be both donated and static: "
-                             f"{sorted(set(donate_argnums) & set(static_argnums))}")
+        nparams = _num_positional(fn)
+        if nparams is not None:
+            static_argnums = _argnums(static_argnums, nparams, "static_argnums", fn)
+            donate_argnums = _argnums(donate_argnums, nparams, "donate_argnums", fn)
+        _check_disjoint(donate_argnums, static_argnums)
         self.fn = fn
         self.method = method
         self.donate_argnums = donate_argnums
@@ -84,20 +91,37 @@ class ParallelizedFunction:
         donate = self._dynamic_positions(self.donate_argnums, len(args))
         return self.method.build_executable(self._bind_static(args), dyn, donate)
 
+    def _static(self, nargs) -> tuple:
+        """The static positions among ``nargs`` arguments (negative ones counted from the end)."""
+        return _argnums(self.static_argnums, nargs, None)
+
     def _dynamic(self, args):
-        return tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        static = self._static(len(args))
+        return tuple(a for i, a in enumerate(args) if i not in static)
 
     def _static_key(self, args):
-        return tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        key = tuple((i, args[i]) for i in self._static(len(args)))
+        for i, value in key:
+            try:
+                hash(value)
+            except TypeError as e:
+                raise ArgumentError(f"static argument {i} of {getattr(self.fn, '__qualname__', 'fn')} "
+                                    f"({type(value).__name__}) is not hashable ({e}); static values key the "
+                                    f"compiled plans: pass a hashable value (e.g. a tuple) or drop {i} from "
+                                    f"static_argnums") from None
+        return key
 
     def _dynamic_positions(self, argnums, nargs):
-        dyn = [i for i in range(nargs) if i not in self.static_argnums]
+        static = self._static(nargs)
+        argnums = _argnums(argnums, nargs, None)
+        _check_disjoint(argnums, static)
+        dyn = [i for i in range(nargs) if i not in static]
         return tuple(dyn.index(i) for i in argnums if i in dyn)
 
     def _bind_static(self, args):
         if not self.static_argnums:
             return self.fn
-        static = {i: args[i] for i in self.static_argnums if i < len(args)}
+        static = {i: args[i] for i in self._static(len(args))}
         nargs, fn = len(args), self.fn
 
         def bound(*dyn):
@@ -112,6 +136,40 @@ def _leaf_key(x):
     """Shape, dtype and weak type of a leaf (not its sharding: any placement may be fed back)."""
     aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
     return tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))
+
+
+def _num_positional(fn) -> int | None:
+    """How many positional parameters ``fn`` has; None when it takes ``*args`` (or has no signature)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _argnums(argnums, n: int, what: str | None, fn=None) -> tuple:
+    """``argnums`` as positions in ``range(n)`` (``i < 0`` counts from the end). Out of range:
+    ArgumentError naming ``what`` when given (``n`` positional parameters of ``fn``), else dropped
+    (a call with fewer arguments, as jax.jit does for ``*args``)."""
+    out = []
+    for i in argnums:
+        j = i + n if i < 0 else i
+        if 0 <= j < n:
+            out.append(j)
+        elif what is not None:
+            name = getattr(fn, "__qualname__", "fn")
+            raise ArgumentError(f"{what}={tuple(argnums)} names argument {i}, but {name} has {n} positional "
+                                f"parameters; use numbers in range({-n}, {n})")
+    return tuple(sorted(set(out)))
+
+
+def _check_disjoint(donate_argnums, static_argnums) -> None:
+    both = sorted(set(donate_argnums) & set(static_argnums))
+    if both:
+        raise ArgumentError(f"arguments {both} are both donated and static; an argument is one or the other: "
+                            f"drop them from donate_argnums or from static_argnums")
 
 
 def _as_tuple(x):

@@ -9,6 +9,16 @@ class MeshError(AlpaPassError, ValueError):
     """The logical mesh does not fit the devices (shape, alpha/beta lengths, device count)."""
 
 
+class OptionError(AlpaPassError, ValueError):
+    """An option has a bad value (``AutoShardingOption``, a method's fields); the message names
+    the field and the values it takes."""
+
+
+class ArgumentError(AlpaPassError, ValueError):
+    """A parallelized function's arguments do not fit how it was declared (``static_argnums`` or
+    ``donate_argnums`` naming no argument, an unhashable static argument)."""
+
+
 class ShardingError(AlpaPassError, ValueError):
     """A requested or saved sharding cannot be applied (e.g. a dim not divisible by its axis)."""
 

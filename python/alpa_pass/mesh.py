@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -18,11 +19,13 @@ class LogicalMesh:
     """An N-D logical view of devices with an alpha-beta communication cost per axis.
 
     Args:
-      shape: devices along each axis, e.g. ``(2, 4)``; the product must equal the device count.
+      shape: devices along each axis, e.g. ``(2, 4)`` (an int ``n`` means ``(n,)``); without
+        ``devices`` the product must equal ``len(jax.devices())`` (MeshError when compiled).
       alpha: latency of one collective on each axis (default 1.0 per axis).
       beta: cost per byte on each axis (default 1.0 per axis). A smaller beta means a faster axis.
       axis_names: names used in ``PartitionSpec``s (default ``"x", "y", "z", "w"``).
-      devices: the devices, in mesh order (default: the first ``prod(shape)`` of ``jax.devices()``).
+      devices: the distinct devices, in mesh order, ``prod(shape)`` of them (e.g.
+        ``jax.devices()[:4]`` for a mesh over part of the machine); default all of ``jax.devices()``.
     """
 
     shape: tuple[int, ...]
@@ -32,9 +35,7 @@ class LogicalMesh:
     devices: tuple | None = None
 
     def __post_init__(self):
-        shape = tuple(int(s) for s in self.shape)
-        if not shape or any(s < 1 for s in shape):
-            raise MeshError(f"LogicalMesh shape must be a non-empty tuple of positive ints, got {self.shape}")
+        shape = _as_shape(self.shape)
         n = len(shape)
         alpha = tuple(float(a) for a in (self.alpha if self.alpha is not None else (1.0,) * n))
         beta = tuple(float(b) for b in (self.beta if self.beta is not None else (1.0,) * n))
@@ -55,7 +56,12 @@ class LogicalMesh:
         object.__setattr__(self, "beta", beta)
         object.__setattr__(self, "axis_names", names)
         if self.devices is not None:
-            object.__setattr__(self, "devices", tuple(self.devices))
+            devices = tuple(self.devices)
+            repeated = sorted({str(d) for d in devices if devices.count(d) > 1})
+            if repeated:
+                raise MeshError(f"LogicalMesh devices= names {', '.join(repeated)} more than once; give each "
+                                f"device once (e.g. devices=jax.devices()[:{math.prod(shape)}])")
+            object.__setattr__(self, "devices", devices)
 
     @property
     def num_devices(self) -> int:
@@ -71,10 +77,13 @@ class LogicalMesh:
             raise MeshError(f"LogicalMesh shape {self.shape} needs {self.num_devices} devices but only "
                             f"{len(devices)} are available ({devices[0].platform}); use a smaller shape "
                             f"or, on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N")
+        if self.devices is None and len(devices) != self.num_devices:
+            raise MeshError(f"LogicalMesh shape {self.shape} has {self.num_devices} positions but there are "
+                            f"{len(devices)} devices; give a shape whose product is {len(devices)}, or "
+                            f"devices=jax.devices()[:{self.num_devices}] to use only some of them")
         if self.devices is not None and len(devices) != self.num_devices:
             raise MeshError(f"LogicalMesh shape {self.shape} has {self.num_devices} positions but "
                             f"{len(devices)} devices were given")
-        devices = devices[: self.num_devices]
         return Mesh(np.array(devices, dtype=object).reshape(self.shape), self.axis_names)
 
     def to_core(self):
@@ -93,6 +102,20 @@ class LogicalMesh:
             if dim >= 0:
                 out[dim].append(self.axis_names[axis])
         return [tuple(a) for a in out]
+
+
+def _as_shape(shape) -> tuple[int, ...]:
+    """``shape`` as a non-empty tuple of positive ints (an int ``n`` is ``(n,)``), else MeshError."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        out = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        out = ()
+    if not out or any(s < 1 for s in out):
+        raise MeshError(f"LogicalMesh shape must be a positive int or a non-empty tuple of positive ints "
+                        f"(devices per axis, e.g. (2, 4)), got {shape!r}")
+    return out
 
 
 def _entry(axes: tuple[str, ...]):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from alpa_pass import _core
+from alpa_pass import _core, _sizes
+from alpa_pass.errors import OptionError
 from alpa_pass.solve.highs import SolveOptions
 
 # Field metadata: a field marked ``_SHOWN_ONLY`` changes how a plan is shown, emitted or looked
@@ -28,7 +29,8 @@ class AutoShardingOption:
         alpha/beta (a tie-breaker by default).
       memory_cost_per_byte: weight of each argument's per-device bytes in the objective (a
         tie-breaker towards split arguments, e.g. the batch of a data-parallel step).
-      memory_budget_per_device: bytes; the plan's predicted per-device peak (live arguments,
+      memory_budget_per_device: bytes (an int, or a size such as ``"16GiB"`` or ``"512MB"``,
+        stored as its int); the plan's predicted per-device peak (live arguments,
         optimizer state and materialised activations over the program, see docs/core_api.md
         "Memory") must stay under it; ``None`` = no budget. A budget no plan meets raises
         InfeasibleError naming the smallest budget the planner estimates feasible.
@@ -94,33 +96,38 @@ class AutoShardingOption:
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
 
     def __post_init__(self):
+        if isinstance(self.memory_budget_per_device, str):
+            object.__setattr__(self, "memory_budget_per_device", _sizes.parse_bytes(
+                self.memory_budget_per_device, "AutoShardingOption.memory_budget_per_device", OptionError))
         if not (isinstance(self.refine_unmerged, bool) or self.refine_unmerged == "auto"):
-            raise ValueError(f"AutoShardingOption.refine_unmerged must be True, False or 'auto', "
+            raise OptionError(f"AutoShardingOption.refine_unmerged must be True, False or 'auto', "
                              f"got {self.refine_unmerged!r}")
         if self.emit not in ("all", "anchors"):
-            raise ValueError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
+            raise OptionError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
         if self.solver_time_limit_s <= 0:
-            raise ValueError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
+            raise OptionError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
         if not 0 <= self.solver_rel_gap < 1:
-            raise ValueError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
+            raise OptionError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
         if self.compute_cost_per_flop < 0 or self.memory_cost_per_byte < 0:
-            raise ValueError("AutoShardingOption.compute_cost_per_flop and memory_cost_per_byte must be >= 0")
+            raise OptionError("AutoShardingOption.compute_cost_per_flop and memory_cost_per_byte must be >= 0")
         if self.replicate_below_numel < 0:
-            raise ValueError("AutoShardingOption.replicate_below_numel must be >= 0")
+            raise OptionError("AutoShardingOption.replicate_below_numel must be >= 0")
         if self.refine_node_limit < 0:
-            raise ValueError(f"AutoShardingOption.refine_node_limit must be >= 0, got {self.refine_node_limit}")
+            raise OptionError(f"AutoShardingOption.refine_node_limit must be >= 0, got {self.refine_node_limit}")
         if self.device_memory_fraction is not None and not 0 < self.device_memory_fraction <= 1:
-            raise ValueError(f"AutoShardingOption.device_memory_fraction must be in (0, 1] or None, "
-                             f"got {self.device_memory_fraction!r}")
+            raise OptionError(f"AutoShardingOption.device_memory_fraction must be in (0, 1] or None, "
+                              f"got {self.device_memory_fraction!r}")
         if self.solver_threads < 1:
-            raise ValueError("AutoShardingOption.solver_threads must be >= 1")
-        if self.memory_budget_per_device is not None and not self.memory_budget_per_device > 0:
-            raise ValueError(f"AutoShardingOption.memory_budget_per_device must be > 0 bytes or None, "
-                             f"got {self.memory_budget_per_device!r}")
+            raise OptionError("AutoShardingOption.solver_threads must be >= 1")
+        budget = self.memory_budget_per_device
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not budget > 0):
+            raise OptionError(f"AutoShardingOption.memory_budget_per_device must be a number of bytes > 0, "
+                              f"a size such as '16GiB', or None; got {budget!r}")
         if self.plan_cache_dir is not None:
             object.__setattr__(self, "plan_cache_dir", os.path.expanduser(os.fspath(self.plan_cache_dir)))
         if self.show_progress not in (None, True, False):
-            raise ValueError(f"AutoShardingOption.show_progress must be None, True or False, got {self.show_progress!r}")
+            raise OptionError(f"AutoShardingOption.show_progress must be None, True or False, got {self.show_progress!r}")
 
     def to_core(self) -> "_core.CoreOptions":
         """The C++ core's view of the options that shape the ILP."""

@@ -2,6 +2,7 @@
 against XLA's memory_analysis(), infeasible budgets, and the replicated -> sharded trade-off."""
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -33,7 +34,8 @@ def _step_and_args(model, config):
 def _parallel(step, shape, budget=None, donate=True):
     # merged-ILP plans: the unmerged refinement's free optimum already splits a few small parameters
     option = ap.AutoShardingOption(memory_budget_per_device=budget, refine_unmerged=False)
-    return ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape), option=option),
+    mesh = ap.LogicalMesh(shape=shape, devices=jax.devices()[:math.prod(shape)])  # (1, 4): half the devices
+    return ap.parallelize(step, method=ap.ShardParallel(mesh=mesh, option=option),
                           donate_argnums=(0,) if donate else ())
 
 

@@ -84,7 +84,7 @@ def test_manual_layers_uniform_stages_match_single_device(uniform_steps, model, 
 
 def test_auto_layers_auto_stages_match_single_device():
     step_fn, state, batches = setup("mlp", boundaries=False)
-    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(1, 4)), num_micro_batches=2,
+    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(1, 4), devices=jax.devices()[:4]), num_micro_batches=2,
                                   layer_option=ap.AutoLayerOption(layer_num=2),
                                   stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
     step = ap.parallelize(step_fn, method=method)

@@ -46,7 +46,7 @@ def _kernel_layouts(specs, num_layers, mesh) -> list[str]:
 
 @pytest.fixture(scope="module")
 def megatron_mlp():
-    mesh = ap.LogicalMesh(shape=(1, 4))
+    mesh = ap.LogicalMesh(shape=(1, 4), devices=jax.devices()[:4])
     return _plan_mlp(mlp.Config(num_layers=6, hidden=256, batch=32), mesh)
 
 
@@ -76,7 +76,7 @@ def test_wide_mlp_communicates_only_activations(megatron_mlp):
 
 @pytest.fixture(scope="module")
 def data_parallel_mlp():
-    mesh = ap.LogicalMesh(shape=(1, 4))
+    mesh = ap.LogicalMesh(shape=(1, 4), devices=jax.devices()[:4])
     return _plan_mlp(mlp.Config(num_layers=6, hidden=32, batch=256), mesh)
 
 
@@ -109,7 +109,8 @@ def test_slow_axis_data_fast_axis_megatron():
     #   Megatron on x and y:       3 activations * 4BH B * (1 + 0.1) = 54067
     # so the first is optimal (it needs H < B < 12H). The core may refine single layers (e.g. run
     # the last one batch-split on both axes); the test checks only this structure.
-    mesh = ap.LogicalMesh(shape=(2, 2), alpha=(1.0, 1.0), beta=(1.0, 0.1))
+    mesh = ap.LogicalMesh(shape=(2, 2), alpha=(1.0, 1.0), beta=(1.0, 0.1),
+                           devices=jax.devices()[:4])
     exe, specs, _ = _plan_mlp(mlp.Config(num_layers=4, hidden=32, batch=128), mesh)
     for spec in _activation_specs(exe.plan, 128, 32):
         assert "x" in helpers.dim_axes(spec, 0, mesh), f"activation batch dim not split on x: {spec}"
@@ -126,7 +127,7 @@ def test_moe_splits_experts_and_uses_all_to_all():
     # Expert weights: 2 x 16 x 32 x 128 x 4 B = 512 KiB of gradients to all-reduce if replicated.
     # Expert-parallel moves the dispatched tokens [E=16, G=8, C=5, H=32] (80 KiB) by 4 all-to-alls.
     config = moe.Config(experts=16, hidden=32, ffn=128, groups=8, group_size=32, top_k=2)
-    mesh = ap.LogicalMesh(shape=(1, 4))
+    mesh = ap.LogicalMesh(shape=(1, 4), devices=jax.devices()[:4])
     optimizer = default_optimizer()
     state = init_state(moe.init(jax.random.key(0), config), optimizer)
     batch = moe.make_batch(jax.random.key(1), config)

@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import time
-import types
 
 import jax
 import pytest
@@ -15,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import alpa_pass as ap
 from alpa_pass.driver import auto_mesh, cache, planning, request
+from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.request import PlanRequest
 from alpa_pass.plan import serialize
 from alpa_pass.plan.plan import search_summary
@@ -32,10 +32,16 @@ def _mlp_args(config=mlp.Config(num_layers=2, hidden=32, batch=16)):
 
 
 @pytest.fixture(scope="module")
-def plan():
-    step = ap.parallelize(mlp.make_train_step(default_optimizer()),
-                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4), beta=(1.0, 0.5))))
-    return step.plan(*_mlp_args())
+def planned():
+    """(plan, graph) of the MLP step on a 2x4 mesh."""
+    plan, graph, _ = make_plan(mlp.make_train_step(default_optimizer()), _mlp_args(),
+                               ap.LogicalMesh(shape=(2, 4), beta=(1.0, 0.5)), ap.AutoShardingOption())
+    return plan, graph
+
+
+@pytest.fixture(scope="module")
+def plan(planned):
+    return planned[0]
 
 
 def test_json_round_trip_keeps_everything_emission_and_summary_need(plan):
@@ -112,10 +118,10 @@ def test_fingerprint_depends_on_text_avals_node_count_and_donation():
                 request.fingerprint("module", a, 10, donated=[0])}) == 5
 
 
-def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
+def test_cache_round_trip_and_bad_entries(planned, tmp_path, caplog):
+    plan, n = planned
     option = ap.AutoShardingOption(plan_cache_dir=tmp_path)
     assert option.plan_cache_dir == str(tmp_path)
-    n = len(plan.node_specs)
     assert cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n) is None  # no entry: quiet
     path = cache.store_cached(tmp_path, plan, option)
     hit = cache.load_cached(tmp_path, plan.fingerprint, plan.mesh, option, n)
@@ -136,17 +142,17 @@ def test_cache_round_trip_and_bad_entries(plan, tmp_path, caplog):
 
 
 
-def test_a_solve_cut_off_by_the_bound_is_not_cached(plan, tmp_path, monkeypatch):
+def test_a_solve_cut_off_by_the_bound_is_not_cached(planned, tmp_path, monkeypatch):
     """With solver_objective_bound, HiGHS may stop at its first incumbent once it proves the bound
     unbeatable: such a plan is no optimum and must not be served to a later unbounded request."""
+    plan, graph = planned
     solved = copy.copy(plan)
     monkeypatch.setattr(planning, "solve_graph", lambda *a, **k: solved)
-    graph = types.SimpleNamespace(num_nodes=len(plan.node_specs))
     for bound, stored in ((solved.objective, False), (solved.objective * 2, True), (None, True)):
         option = ap.AutoShardingOption(plan_cache_dir=tmp_path / str(bound), solver_objective_bound=bound)
         planning._plan_one(PlanRequest(graph, plan.mesh, option, fingerprint=plan.fingerprint), plan.mesh,
                            option, None)
-        hit = cache.load_cached(option.plan_cache_dir, plan.fingerprint, plan.mesh, option, graph.num_nodes)
+        hit = cache.load_cached(option.plan_cache_dir, plan.fingerprint, plan.mesh, option, graph)
         assert (hit is not None) == stored, bound
 
 def test_logical_shapes():

@@ -23,9 +23,13 @@ struct ParameterAttrs {
 struct OutputAttrs {
   int64_t output_index = 0;
 };
-// ELEMENTWISE: [unshardable dims...] (result dims that no mesh axis may split).
+// ELEMENTWISE: [unshardable dims...] (result dims that no mesh axis may split), optionally
+// followed by -1 and the runtime-indexed dims: those whose elements a runtime start index picks
+// (dynamic_slice, dynamic_update_slice; see unsafe_splits.h). Runtime-indexed dims are
+// unshardable too: the decoder adds them to unshardable_dims.
 struct ElementwiseAttrs {
   Dims unshardable_dims;
+  Dims runtime_indexed_dims;
 };
 // BROADCAST: broadcast_dimensions (operand dim i -> result dim broadcast_dims[i]).
 struct BroadcastAttrs {

@@ -34,14 +34,15 @@ def entry_path(cache_dir, fingerprint: str, mesh: LogicalMesh, option) -> str:
     return os.path.join(os.fspath(cache_dir), cache_key(fingerprint, mesh, option) + ".json")
 
 
-def load_cached(cache_dir, fingerprint: str, mesh: LogicalMesh, option, num_nodes: int):
-    """The cached Plan for this signature/mesh/options, or None (no entry, or a bad one: warned).
+def load_cached(cache_dir, fingerprint: str, mesh: LogicalMesh, option, graph):
+    """The cached Plan for this signature/mesh/options of ``graph`` (the request's ``OpGraph``), or
+    None (no entry, or a bad one: warned), e.g. an entry whose specs do not fit ``graph``.
 
     The returned plan's ``mesh`` is ``mesh`` (with its devices) and ``origin`` is "cache".
     """
     path = entry_path(cache_dir, fingerprint, mesh, option)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             text = f.read()
     except FileNotFoundError:
         return None
@@ -50,11 +51,14 @@ def load_cached(cache_dir, fingerprint: str, mesh: LogicalMesh, option, num_node
         return None
     try:
         plan = Plan.from_json(text)
-        serialize.check_applicable(plan, fingerprint=fingerprint, mesh=mesh, num_nodes=num_nodes)
+        serialize.check_applicable(plan, fingerprint=fingerprint, mesh=mesh, num_nodes=graph.num_nodes)
         options = option.planning_fields()
         if json.loads(json.dumps(options, default=str)) != plan.made_with.get("options"):
             raise PlanMismatchError(f"it was planned with options {plan.made_with.get('options')}, "
                                     f"not {options}")
+        problems = serialize.fit_problems(plan, graph)
+        if problems:
+            raise PlanMismatchError(f"its specs do not fit: {problems[0]}")
     except PlanMismatchError as e:
         log.warning("alpa_pass: ignoring plan cache entry %s (corrupt or made for something else: %s); "
                     "planning again and overwriting it", path, e)

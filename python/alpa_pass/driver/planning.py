@@ -22,7 +22,7 @@ from alpa_pass.driver.budget import resolve_budget, solve_within_budget
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
-from alpa_pass.errors import InfeasibleError, ShardingError
+from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
@@ -72,7 +72,7 @@ def _plan_one(request: PlanRequest, mesh: LogicalMesh, option: AutoShardingOptio
     option, budget = resolve_budget(option, mesh.devices if mesh.devices is not None else jax.devices()[:mesh.num_devices])
     if option.plan_cache_dir is not None:
         t = time.perf_counter()
-        plan = cache.load_cached(option.plan_cache_dir, request.fingerprint, mesh, option, request.graph.num_nodes)
+        plan = cache.load_cached(option.plan_cache_dir, request.fingerprint, mesh, option, request.graph)
         if plan is not None:
             timings["cache"] = time.perf_counter() - t
             plan.timings = timings
@@ -98,7 +98,12 @@ def _apply_saved(request: PlanRequest) -> Plan:
                                num_nodes=request.graph.num_nodes)
     plan = dataclasses.replace(request.saved, mesh=mesh, timings=dict(request.timings), origin="saved",
                                emit_report=None)
-    check_divisible(request.graph, plan, mesh)
+    problems = serialize.fit_problems(plan, request.graph)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanMismatchError(f"the saved plan does not fit {request.name} on mesh {mesh.shape}: {problems[0]}"
+                                f"{more}; it was edited or corrupted: re-plan (drop ShardParallel(plan=...)) "
+                                f"and save it again")
     return plan
 
 
@@ -158,11 +163,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
 
 
 def check_divisible(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> None:
-    """Defensive check that every chosen spec divides its tensor (the core guarantees it)."""
-    for v in range(graph.num_nodes):
-        shape = graph.shape(v)
-        for dim, axes in enumerate(mesh.dim_axes(plan.node_specs[v], len(shape))):
-            n = int(np.prod([mesh.shape[mesh.axis_names.index(a)] for a in axes])) if axes else 1
-            if shape[dim] % n:
-                raise ShardingError(f"plan splits dim {dim} of {graph.labels[v]} {shape} over {axes} "
-                                    f"({n} devices), which does not divide it")
+    """Defensive check that every chosen spec fits its tensor (the core guarantees it)."""
+    problems = serialize.fit_problems(plan, graph)
+    if problems:
+        raise ShardingError(f"the plan on mesh {mesh.shape} does not fit: {problems[0]}")

@@ -19,6 +19,8 @@ ELEMENTWISE     ``[unshardable dims...]`` operands have the output's rank (same 
                 dims may differ in size only in unshardable dims) or rank 0 (replicated).  Covers
                 unary/binary/select/clamp/convert, slice, dynamic_slice, dynamic_update_slice,
                 pad, concatenate, reverse, sort, reduce_window, optimization_barrier.
+                dynamic_slice / dynamic_update_slice: ``[-1, runtime-indexed dims...]`` (the dims
+                a runtime start moves; unshardable too, see cpp/include/alpa/unsafe_splits.h).
 BROADCAST       ``broadcast_dimensions`` (operand dim i -> output dim attrs[i])
 TRANSPOSE       ``permutation`` (output dim i = operand dim attrs[i])
 RESHAPE         ``[]`` (shapes say everything)

@@ -79,6 +79,20 @@ def _pass_through(op, ins):
     return [(OpKind.ELEMENTWISE, [ins[k]], []) for k in range(len(op.results))]
 
 
+def _runtime_indexed(sliced_operand: int) -> Rule:
+    """dynamic_slice (``sliced_operand`` 0: the result is the slice) and dynamic_update_slice (1:
+    the update is the slice): ELEMENTWISE whose dims where the slice is smaller than operand 0
+    are unshardable and runtime-indexed (``[-1, dims...]``; see cpp/include/alpa/unsafe_splits.h)."""
+
+    def rule(op, ins):
+        full = shape_of(op.operands[0])
+        part = shape_of(op.results[0] if sliced_operand == 0 else op.operands[1])
+        dims = [d for d in range(len(full)) if part[d] < full[d]]
+        return _each_result(OpKind.ELEMENTWISE, ins, [-1] + dims if dims else [], len(op.results))
+
+    return rule
+
+
 def _pad_dims(op) -> set:
     lo, hi, interior = (_i64s(op, n) for n in ("edge_padding_low", "edge_padding_high",
                                                "interior_padding"))
@@ -201,7 +215,7 @@ abs cbrt ceil count_leading_zeros convert cosine exponential exponential_minus_o
 is_finite log log_plus_one logistic not negate popcnt real round_nearest_afz round_nearest_even
 rsqrt sign sine sqrt tan tanh reduce_precision add atan2 complex divide maximum minimum multiply
 or and xor power remainder shift_left shift_right_arithmetic shift_right_logical subtract compare
-select clamp slice dynamic_slice dynamic_update_slice
+select clamp slice
 """.split()
 
 _CHLO_ELEMENTWISE_OPS = """
@@ -215,6 +229,8 @@ RULES: dict[str, Rule] = {
     "sdy.sharding_constraint": _elementwise,
     "sdy.reshard": _elementwise,
     "sdy.propagation_barrier": _elementwise,
+    "stablehlo.dynamic_slice": _runtime_indexed(0),
+    "stablehlo.dynamic_update_slice": _runtime_indexed(1),
     "stablehlo.bitcast_convert": _bitcast_convert,
     "stablehlo.optimization_barrier": _pass_through,
     "stablehlo.pad": _elementwise_with(_pad_dims),

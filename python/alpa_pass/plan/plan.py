@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 
 import numpy as np
 
@@ -153,19 +154,22 @@ class Plan:
         return serialize.plan_from_dict(d, cls, NodeChoice)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        """Read a plan from ``to_json`` text. Raises PlanMismatchError for text that is not a plan
-        of this format version; ``ShardParallel(plan=...)`` checks jax version, function and mesh."""
+    def from_json(cls, text: str | bytes) -> "Plan":
+        """Read a plan from ``to_json`` text (or its bytes). Raises PlanMismatchError for what is
+        not a plan of this format version; ``ShardParallel(plan=...)`` checks jax version,
+        function, mesh and that the specs fit."""
         return serialize.plan_from_json(text, cls, NodeChoice)
 
     def save(self, path) -> None:
-        """Write ``to_json()`` to ``path`` (atomically: a half-written file never appears)."""
-        serialize.write_atomic(path, self.to_json())
+        """Write ``to_json()`` to ``path`` (``~`` expanded; atomically: a half-written file never
+        appears)."""
+        serialize.write_atomic(os.path.expanduser(os.fspath(path)), self.to_json())
 
     @classmethod
     def load(cls, path) -> "Plan":
-        """``from_json`` of the file at ``path``."""
-        with open(path, encoding="utf-8") as f:
+        """``from_json`` of the file at ``path`` (``~`` expanded); PlanMismatchError for a file
+        that is not a plan (e.g. a binary file)."""
+        with open(os.path.expanduser(os.fspath(path)), "rb") as f:
             return cls.from_json(f.read())
 
     def __repr__(self):

@@ -78,10 +78,12 @@ def plan_to_json(plan) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def plan_from_json(text: str, plan_cls, choice_cls):
-    """Parse a plan file's text into a ``plan_cls`` (``Plan``) with ``choice_cls`` rows.
+def plan_from_json(text: str | bytes, plan_cls, choice_cls):
+    """Parse a plan file's text (or its bytes) into a ``plan_cls`` (``Plan``) with ``choice_cls``
+    rows.
 
-    Raises PlanMismatchError for text that is not a plan this alpa_pass can read (not JSON, another format or format version, missing fields)."""
+    Raises PlanMismatchError for what is not a plan this alpa_pass can read (not JSON text,
+    another format or format version, missing fields or fields of another type)."""
     try:
         d = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -113,11 +115,36 @@ def plan_from_dict(d, plan_cls, choice_cls):
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise PlanMismatchError(f"alpa_pass plan file is incomplete or corrupt ({type(e).__name__}: {e}); "
                                 f"re-plan and save it again") from e
+    wrong = _wrong_types(fields)
+    if wrong:
+        raise PlanMismatchError(f"alpa_pass plan file is corrupt: {'; '.join(wrong)}; re-plan and save it again")
     if len(choices) != len(fields["node_specs"]) or len(fields["operand_specs"]) != len(choices):
         raise PlanMismatchError(f"alpa_pass plan file is corrupt: {len(choices)} choices, "
                                 f"{len(fields['node_specs'])} node specs, {len(fields['operand_specs'])} "
                                 f"operand specs; re-plan and save it again")
     return plan_cls(mesh=mesh, choices=choices, input_specs=input_specs, output_specs=output_specs, **fields)
+
+
+# JSON type of each plain-data Plan field (a number is an int or a float).
+_FIELD_TYPES = {"objective": (int, float), "predicted": dict, "node_specs": list, "operand_specs": list,
+                "ilp_size": dict, "solve_time_s": (int, float), "solver_status": str, "mip_gap": (int, float),
+                "timings": dict, "fallbacks": dict, "fingerprint": str, "made_with": dict, "origin": str,
+                "mesh_search": list, "refinement": dict}
+
+
+def _wrong_types(fields: dict) -> list[str]:
+    """Fields (and ``made_with`` entries) whose JSON type is not the one plans are written with."""
+    def name(t):
+        return "number" if t == (int, float) else {dict: "object", list: "array", str: "string"}[t]
+
+    wrong = [f"{k} is {type(v).__name__} {v!r:.40}, expected a JSON {name(_FIELD_TYPES[k])}"
+             for k, v in fields.items() if k in _FIELD_TYPES and not isinstance(v, _FIELD_TYPES[k])]
+    made_with = fields.get("made_with")
+    if isinstance(made_with, dict):
+        wrong += [f"made_with[{k!r}] is {made_with[k]!r:.40}, expected a JSON {name(t)}"
+                  for k, t in (("jax", str), ("alpa_pass", str), ("options", dict))
+                  if k in made_with and not isinstance(made_with[k], t)]
+    return wrong
 
 
 def check_applicable(plan, *, fingerprint: str, mesh: LogicalMesh, num_nodes: int) -> None:
@@ -137,6 +164,59 @@ def check_applicable(plan, *, fingerprint: str, mesh: LogicalMesh, num_nodes: in
     if diff:
         raise PlanMismatchError(f"the saved plan was made for another mesh: {'; '.join(diff)}; pass the "
                                 f"plan's mesh (or mesh=None) or re-plan for this mesh")
+
+
+def fit_problems(plan, graph) -> list[str]:
+    """What in ``plan``'s specs does not fit ``graph`` (an ``extract.graph.OpGraph``) on
+    ``plan.mesh``, one sentence each (empty: it fits): a node's core spec that is not one dim (or
+    -1) per mesh axis, an operand spec count that differs from the node's operands, a leaf
+    ``PartitionSpec`` naming an unknown axis, an axis twice or more dims than the leaf has, and
+    any split that does not divide its dim."""
+    mesh, out = plan.mesh, []
+    for v in range(graph.num_nodes):
+        out += _core_spec_problems(mesh, plan.node_specs[v], graph.shape(v), f"node %{v}")
+        specs, ops = plan.operand_specs[v], graph.operands(v)
+        if not isinstance(specs, list) or len(specs) != len(ops):
+            out.append(f"node %{v} has {len(ops)} operands but its operand specs are {specs!r}")
+            continue
+        for t, (u, spec) in enumerate(zip(ops, specs)):
+            out += _core_spec_problems(mesh, spec, graph.shape(u), f"operand {t} of node %{v}")
+    for what, specs, nodes in (("argument", plan.input_specs, graph.param_nodes()),
+                               ("output", plan.output_specs, graph.output_nodes())):
+        if len(specs) != len(nodes):
+            out.append(f"{len(specs)} {what} specs for {len(nodes)} {what} leaves")
+            continue
+        for i, (spec, v) in enumerate(zip(specs, nodes)):
+            out += _leaf_spec_problems(mesh, spec, graph.shape(v), f"{what} leaf {i}")
+    return out
+
+
+def _core_spec_problems(mesh: LogicalMesh, spec, shape, where: str) -> list[str]:
+    ok = isinstance(spec, list) and len(spec) == len(mesh.shape) and \
+        all(isinstance(d, int) and -1 <= d < len(shape) for d in spec)
+    if not ok:
+        return [f"{where} {tuple(shape)}: core spec {spec!r} is not one dim in [-1, {len(shape)}) per mesh axis"]
+    return _divides(mesh, mesh.dim_axes(spec, len(shape)), shape, where)
+
+
+def _leaf_spec_problems(mesh: LogicalMesh, spec, shape, where: str) -> list[str]:
+    dims = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+    axes = [a for d in dims for a in d]
+    unknown = [a for a in axes if a not in mesh.axis_names]
+    if len(dims) > len(shape) or unknown or len(set(axes)) != len(axes):
+        return [f"{where} {tuple(shape)}: {spec} needs at most {len(shape)} entries naming each of the "
+                f"mesh axes {mesh.axis_names} at most once"]
+    return _divides(mesh, dims, shape, where)
+
+
+def _divides(mesh: LogicalMesh, dims, shape, where: str) -> list[str]:
+    out = []
+    for dim, axes in enumerate(dims):
+        n = int(np.prod([mesh.shape[mesh.axis_names.index(a)] for a in axes])) if axes else 1
+        if shape[dim] % n:
+            out.append(f"{where} {tuple(shape)}: dim {dim} split over {axes} ({n} devices), which does not "
+                       f"divide {shape[dim]}")
+    return out
 
 
 def _required(field) -> bool:

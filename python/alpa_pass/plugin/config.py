@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Mapping
 
+from alpa_pass import _sizes
 from alpa_pass.errors import AlpaPassError
 
 PLUGIN_NAME = "alpa_pass"
 METHODS = ("shard", "data", "zero2", "zero3")
 DEFAULT_MIN_BYTES = 1 << 20
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1,
-          "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15,
-          "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
-          "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50}
 
 
 class PluginConfigError(AlpaPassError, ValueError):
@@ -103,16 +97,8 @@ def parse_mesh(text: str | None) -> tuple[int, ...] | None:
 
 
 def parse_bytes(text: str, name: str) -> int:
-    """``"16GiB"``, ``"512MB"``, ``"1.5G"``, ``"1048576"`` -> bytes (binary Ki/Mi/Gi, decimal K/M/G)."""
-    m = _BYTES.match(text)
-    unit = (m.group(2) or "").lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise PluginConfigError(f"{name}={text!r} is not a size; write a number with an optional unit, "
-                                f"e.g. '16GiB', '512MB', '1.5G' or '1048576' (bytes)")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value != int(value):
-        raise PluginConfigError(f"{name}={text!r} is not a whole number of bytes")
-    return int(value)
+    """``"16GiB"``, ``"512MB"``, ``"1.5G"``, ``"1048576"`` -> bytes (``alpa_pass._sizes``)."""
+    return _sizes.parse_bytes(text, name, PluginConfigError)
 
 
 def parse_log_level(text: str | None) -> int | None:

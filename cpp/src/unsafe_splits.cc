@@ -1,0 +1,205 @@
+// Splits the partitioner does not carry out correctly (unsafe_splits.h): runtime-indexed dims
+// followed forward through the graph, and the filter applied to each node's strategies.
+#include "alpa/unsafe_splits.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+namespace alpa {
+namespace {
+
+using DimSet = std::set<int64_t>;
+
+bool has(const std::vector<Dims>& indexed, int64_t u, int64_t d) {
+  return std::find(indexed[u].begin(), indexed[u].end(), d) != indexed[u].end();
+}
+
+// Result dims of a reshape in a group of consecutive dims (equal products on both sides) that
+// holds an indexed operand dim; where the groups cannot be matched (zero-size dims), every result
+// dim from there on.
+void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, const Dims& from,
+                  DimSet& to) {
+  if (from.empty()) return;
+  auto any_from = [&](size_t lo, size_t hi) {
+    return std::any_of(from.begin(), from.end(),
+                       [&](int64_t d) { return d >= static_cast<int64_t>(lo) && d < static_cast<int64_t>(hi); });
+  };
+  size_t i = 0, o = 0;
+  bool matched = true;
+  while (i < in.size() && o < out.size()) {
+    const size_t i0 = i, o0 = o;
+    int64_t pi = in[i++], po = out[o++];
+    while (pi != po) {
+      if (pi < po && i < in.size()) {
+        pi *= in[i++];
+      } else if (po < pi && o < out.size()) {
+        po *= out[o++];
+      } else {
+        break;
+      }
+    }
+    if (pi != po) {
+      matched = false;
+      o = o0;
+      i = i0;
+      break;
+    }
+    if (any_from(i0, i)) {
+      for (size_t d = o0; d < o; ++d) to.insert(static_cast<int64_t>(d));
+    }
+  }
+  if (!matched || any_from(i, in.size())) {
+    for (size_t d = o; d < out.size(); ++d) to.insert(static_cast<int64_t>(d));
+  }
+}
+
+// Result dims of node v that keep an indexed dim of one of its operands.
+DimSet forwarded_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v) {
+  DimSet to;
+  const auto ops = g.operands(v);
+  auto any_operand_indexed = [&] {
+    return std::any_of(ops.begin(), ops.end(), [&](int64_t u) { return !indexed[u].empty(); });
+  };
+  switch (g.op_kind(v)) {
+    case OpKind::kElementwise:
+    case OpKind::kOutput:
+      for (int64_t u : ops) {
+        if (g.rank(u) == g.rank(v)) to.insert(indexed[u].begin(), indexed[u].end());
+      }
+      break;
+    case OpKind::kTranspose: {
+      const Dims perm = decode_transpose_attrs(g.node_attrs(v)).permutation;
+      for (size_t d = 0; d < perm.size(); ++d) {
+        if (has(indexed, ops[0], perm[d])) to.insert(static_cast<int64_t>(d));
+      }
+      break;
+    }
+    case OpKind::kBroadcast: {
+      const Dims dims = decode_broadcast_attrs(g.node_attrs(v)).broadcast_dims;
+      for (size_t d = 0; d < dims.size(); ++d) {
+        if (has(indexed, ops[0], static_cast<int64_t>(d))) to.insert(dims[d]);
+      }
+      break;
+    }
+    case OpKind::kReshape: reshape_dims(g.shape(ops[0]), g.shape(v), indexed[ops[0]], to); break;
+    case OpKind::kReduce: {
+      const Dims reduced = decode_reduce_attrs(g.node_attrs(v)).reduced_dims;
+      int64_t out = 0;
+      for (int64_t d = 0; d < g.rank(ops[0]); ++d) {
+        if (std::find(reduced.begin(), reduced.end(), d) != reduced.end()) continue;
+        if (has(indexed, ops[0], d)) to.insert(out);
+        ++out;
+      }
+      break;
+    }
+    case OpKind::kDot: {  // result dims: batch, lhs free, rhs free
+      const DotAttrs a = decode_dot_attrs(g.node_attrs(v));
+      int64_t out = 0;
+      for (size_t k = 0; k < a.lhs_batch.size(); ++k, ++out) {
+        if (has(indexed, ops[0], a.lhs_batch[k]) || has(indexed, ops[1], a.rhs_batch[k])) to.insert(out);
+      }
+      for (int side = 0; side < 2; ++side) {
+        const Dims& batch = side ? a.rhs_batch : a.lhs_batch;
+        const Dims& contracting = side ? a.rhs_contracting : a.lhs_contracting;
+        for (int64_t d = 0; d < g.rank(ops[side]); ++d) {
+          if (std::find(batch.begin(), batch.end(), d) != batch.end() ||
+              std::find(contracting.begin(), contracting.end(), d) != contracting.end()) {
+            continue;
+          }
+          if (has(indexed, ops[side], d)) to.insert(out);
+          ++out;
+        }
+      }
+      break;
+    }
+    case OpKind::kConvolution:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+      if (any_operand_indexed()) {
+        for (int64_t d = 0; d < g.rank(v); ++d) to.insert(d);
+      }
+      break;
+    default: break;
+  }
+  return to;
+}
+
+// The result dims node v's own runtime start indexes (a gather's: offset dims of indexed operand
+// dims sliced smaller than the operand).
+Dims own_indexed_dims(const Graph& g, int64_t v) {
+  if (g.op_kind(v) == OpKind::kElementwise) {
+    return decode_elementwise_attrs(g.node_attrs(v)).runtime_indexed_dims;
+  }
+  if (g.op_kind(v) != OpKind::kGather) return {};
+  const GatherAttrs a = decode_gather_attrs(g.node_attrs(v));
+  const auto operand = g.shape(g.operands(v)[0]);
+  Dims out;
+  size_t k = 0;  // k-th offset dim <-> k-th operand dim neither collapsed nor operand-batching
+  for (int64_t d = 0; d < static_cast<int64_t>(operand.size()) && k < a.offset_dims.size(); ++d) {
+    const auto in = [&](const Dims& ds) { return std::find(ds.begin(), ds.end(), d) != ds.end(); };
+    if (in(a.collapsed_slice_dims) || in(a.operand_batching_dims)) continue;
+    if (in(a.start_index_map) && d < static_cast<int64_t>(a.slice_sizes.size()) &&
+        a.slice_sizes[d] < operand[d]) {
+      out.push_back(a.offset_dims[k]);
+    }
+    ++k;
+  }
+  return out;
+}
+
+bool splits_unsafely(const Graph& g, const std::vector<Dims>& indexed, int64_t u, const Spec& s) {
+  const bool split = std::any_of(s.begin(), s.end(), [](int32_t d) { return d >= 0; });
+  if (!split) return false;
+  if (g.numel(u) == 0.0) return true;
+  return std::any_of(s.begin(), s.end(), [&](int32_t d) { return d >= 0 && has(indexed, u, d); });
+}
+
+}  // namespace
+
+std::vector<Dims> runtime_indexed_dims(const Graph& g) {
+  const int64_t n = g.num_nodes();
+  std::vector<Dims> indexed(n);
+  for (int64_t v = 0; v < n; ++v) {
+    DimSet dims = forwarded_dims(g, indexed, v);
+    const Dims own = own_indexed_dims(g, v);
+    dims.insert(own.begin(), own.end());
+    indexed[v].assign(dims.begin(), dims.end());
+  }
+  for (int64_t v = 0; v < n; ++v) {  // a dynamic_slice / dynamic_update_slice operand: read whole
+    if (g.op_kind(v) != OpKind::kElementwise || g.operands(v).empty()) continue;
+    const int64_t u = g.operands(v)[0];
+    const Dims own = decode_elementwise_attrs(g.node_attrs(v)).runtime_indexed_dims;
+    if (own.empty() || g.rank(u) != g.rank(v)) continue;
+    DimSet dims(indexed[u].begin(), indexed[u].end());
+    dims.insert(own.begin(), own.end());
+    indexed[u].assign(dims.begin(), dims.end());
+  }
+  return indexed;
+}
+
+void drop_unsafe_splits(const RuleContext& ctx, const std::vector<Dims>& indexed, int64_t v,
+                        NodeStrategies& ns) {
+  const Graph& g = ctx.graph;
+  const auto ops = g.operands(v);
+  auto unsafe = [&](const Strategy& s) {
+    if (splits_unsafely(g, indexed, v, s.out)) return true;
+    for (size_t t = 0; t < ops.size() && t < s.ins.size(); ++t) {
+      if (splits_unsafely(g, indexed, ops[t], s.ins[t])) return true;
+    }
+    return false;
+  };
+  const size_t before = ns.list.size();
+  ns.list.erase(std::remove_if(ns.list.begin(), ns.list.end(), unsafe), ns.list.end());
+  if (ns.list.size() == before) return;
+  ns.follow = -1;
+  if (!ns.list.empty()) return;
+  Strategy s;
+  s.out = replicated_spec(ctx.mesh);
+  s.ins.assign(ops.size(), s.out);
+  s.compute = node_flops(g, v) * ctx.options.compute_cost_per_flop;
+  s.name = std::string(op_kind_name(g.op_kind(v))) + " R (no safe split)";
+  ns.list.push_back(std::move(s));
+}
+
+}  // namespace alpa

@@ -1,0 +1,124 @@
+"""Splits the partitioner gets wrong never reach a plan (cpp/include/alpa/unsafe_splits.h):
+runtime-indexed dims (dynamic_slice / dynamic_update_slice / gather) and zero-size values.
+
+Checked on ``_core.build_sharding_problem``: no strategy of any node splits such a dim, in its
+result or in an operand it reads. Mesh (2, 4) named x, y.
+"""
+import pytest
+
+from alpa_pass import _core
+from alpa_pass.extract.graph import GraphBuilder, OpKind
+
+MESH24 = _core.Mesh(shape=[2, 4], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+MESH18 = _core.Mesh(shape=[1, 8], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+F32 = 4
+
+
+def build(b: GraphBuilder, mesh=MESH24, merge=True):
+    g = b.build()
+    graph = _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
+                        g.operand_ids, g.attr_offsets, g.attrs)
+    opts = _core.CoreOptions()
+    opts.merge_followers = merge
+    return _core.build_sharding_problem(graph, mesh, opts, [])
+
+
+def split_dims(prob, v):
+    """{dim split by some strategy's result of node v} and the same for each operand it reads."""
+    lo, hi = prob.strategy_offsets[v], prob.strategy_offsets[v + 1]
+    out = {int(d) for k in range(lo, hi) for d in prob.out_specs[k] if d >= 0}
+    ins = {}
+    for k in range(lo, hi):
+        for t, row in enumerate(range(prob.in_spec_offsets[k], prob.in_spec_offsets[k + 1])):
+            ins.setdefault(t, set()).update(int(d) for d in prob.in_specs[row] if d >= 0)
+    return out, ins
+
+
+def dynamic_slice_graph(consumer):
+    """x[12, 2], i, dynamic_slice(x, (i, 0), (8, 2)) -> consumer(b, ds) ."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [12, 2], F32, attrs=[0])
+    i = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    ds = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [x, i, zero], [-1, 0])
+    return b, x, ds, consumer(b, ds)
+
+
+def _dot(b, ds):
+    w = b.add(OpKind.PARAMETER, [2, 4], F32, attrs=[2])
+    return b.add(OpKind.DOT, [8, 4], F32, [ds, w], [0, 1, 1, 0])
+
+
+def _transpose_then_dot(b, ds):
+    t = b.add(OpKind.TRANSPOSE, [2, 8], F32, [ds], [1, 0])
+    w = b.add(OpKind.PARAMETER, [4, 2], F32, attrs=[2])
+    return b.add(OpKind.DOT, [4, 8], F32, [w, t], [0, 1, 1, 0])
+
+
+def _tanh_then_reduce(b, ds):
+    e = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [ds])
+    init = b.add(OpKind.GENERATOR, [], F32)
+    return b.add(OpKind.REDUCE, [2], F32, [e, init], [0])
+
+
+@pytest.mark.parametrize("mesh", [MESH24, MESH18], ids=["2x4", "1x8"])
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_dynamic_slice_rows_are_never_split_nor_read_split(mesh, merge):
+    b, x, ds, dot = dynamic_slice_graph(_dot)
+    prob = build(b, mesh, merge)
+    assert 0 not in split_dims(prob, ds)[0]
+    out, ins = split_dims(prob, dot)
+    assert 0 not in ins[0] and 0 not in out, "the dot reads the slice split along its sliced rows"
+    assert 0 not in split_dims(prob, x)[0], "the sliced operand is split (resharded) along the rows"
+
+
+def test_runtime_indexed_dims_are_followed_through_transpose_and_reduce():
+    b, _, ds, dot = dynamic_slice_graph(_transpose_then_dot)
+    prob = build(b)
+    out, ins = split_dims(prob, dot)
+    assert 1 not in ins[1] and 1 not in out   # the transposed rows
+    b, _, ds, red = dynamic_slice_graph(_tanh_then_reduce)
+    prob = build(b)
+    assert 0 not in split_dims(prob, red)[1][0], "the reduce reads the rows split (a partition slice)"
+
+
+def test_a_follower_that_loses_strategies_becomes_its_own_group():
+    # tanh(ds) + y: the add follows y (same shape, more strategies) but may not split the rows.
+    b, _, ds, _ = dynamic_slice_graph(lambda b, ds: None)
+    y = b.add(OpKind.PARAMETER, [8, 2], F32, attrs=[2])
+    add = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [y, ds])
+    prob = build(b)
+    assert 0 not in split_dims(prob, add)[0]
+    assert prob.node_group[add] != prob.node_group[y]
+
+
+def test_gather_rows_indexed_and_sliced_are_runtime_indexed():
+    # x[12, 2] gathered at one start row: offset dims (0, 1), slice (8, 2), start_index_map (0,).
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [12, 2], F32, attrs=[0])
+    idx = b.add(OpKind.PARAMETER, [1], 4, attrs=[1])
+    attrs = [0, 2, 0, 1, 0, 1, 0, 0, 0, 2, 8, 2]  # index_vector_dim 0; offset (0, 1); map (0,); slice (8, 2)
+    gather = b.add(OpKind.GATHER, [8, 2], F32, [x, idx], attrs)
+    e = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [gather])
+    prob = build(b)
+    assert 0 not in split_dims(prob, e)[0] and 0 not in split_dims(prob, e)[1][0]
+
+
+def test_zero_size_values_stay_replicated():
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [8, 16], F32, attrs=[0])
+    w = b.add(OpKind.PARAMETER, [16, 0], F32, attrs=[1])
+    dot = b.add(OpKind.DOT, [8, 0], F32, [x, w], [0, 1, 1, 0])
+    out = b.add(OpKind.OUTPUT, [8, 0], F32, [dot], [0])
+    prob = build(b)
+    for v in (w, dot, out):
+        assert split_dims(prob, v)[0] == set(), f"node {v} of a zero-size value is split"
+    assert split_dims(prob, dot)[1][1] == set()
+
+
+def test_elementwise_attrs_runtime_indexed_layout():
+    a = _core.decode_elementwise_attrs([1, -1, 0])
+    assert sorted(a.unshardable_dims) == [0, 1] and a.runtime_indexed_dims == [0]
+    assert _core.decode_elementwise_attrs([2]).runtime_indexed_dims == []
+    with pytest.raises(ValueError, match="more than one -1"):
+        _core.decode_elementwise_attrs([-1, 0, -1])
