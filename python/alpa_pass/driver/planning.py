@@ -145,6 +145,15 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     try:
         solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where)
     except InfeasibleError:
+        loop_ties = set(map(tuple, graph.ties)) & set(map(tuple, ties))
+        if loop_ties:
+            # A loop's carried slot may have no layout that both its carry and its yield can take
+            # (e.g. a yield computed from runtime-indexed dims); XLA reshards a carried value whose
+            # layouts differ, so plan with the carries untied rather than fail.
+            log.info("alpa_pass: no plan keeps every loop-carried value in one layout on mesh %s; "
+                     "planning with the %d loop ties dropped", where, len(loop_ties))
+            return solve_graph(graph, mesh, option, [t for t in ties if tuple(t) not in loop_ties], timings,
+                               progress, pins, pinned_uses)
         if option.memory_budget_per_device is None or not option.tie_repeated_layers:
             raise
         # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
