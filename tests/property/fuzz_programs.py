@@ -155,16 +155,26 @@ def _cond(shape, p, dtype, rng):
     return (lambda v, e: lax.cond(e[0] > 0, lambda a: a * 2 + 1, lambda a: a - 3, v)), [pred], shape
 
 
+# Float ops keep values moderate: a large intermediate (a running product) squashed by a later
+# sin or tanh would differ from jax.jit by its own rounding (a false alarm, found at |v| ~ 9e3).
 def _loop(shape, p, dtype, rng):
+    body = (lambda a: a * 2 - 1) if dtype == "int32" else (lambda a: a * 0.5 + 1)
     if p[0] == 0:  # a while_loop (jax cannot reverse-differentiate it)
-        return (lambda v, e: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2 - 1),
+        return (lambda v, e: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, body(c[1])),
                                             (0, v))[1]), [], shape
-    return (lambda v, e: lax.fori_loop(0, 3, lambda i, a: a * 2 - i, v)), [], shape
+    return (lambda v, e: lax.fori_loop(0, 3, lambda i, a: body(a) - i, v)), [], shape
 
 
 def _scan(shape, p, dtype, rng):
+    """A recurrence over the rows: c <- c + row (int32) or tanh(c + row) (float32), ys = c * row."""
+    squash = (lambda a: a) if dtype == "int32" else jnp.tanh
+
     def op(v, e):
-        return lax.scan(lambda c, row: (c + row, c * row), jnp.zeros(v.shape[1:], v.dtype), v)[1]
+        def row_step(c, row):
+            c = squash(c + row)
+            return c, c * row
+
+        return lax.scan(row_step, jnp.zeros(v.shape[1:], v.dtype), v)[1]
 
     return op, [], shape
 
