@@ -4,7 +4,7 @@
 * A dynamic_slice whose runtime start is out of range (jax clamps it): a plan that read the slice
   split along its rows let XLA fold the shard's slice into the dynamic_slice without the clamp
   (wrong by up to 2.43 in the fuzzer's case).
-* A zero-size result split on its non-empty dim could not be read back.
+* A zero-size result split on its non-empty dim could not be read back, or had no plan.
 """
 from __future__ import annotations
 
@@ -60,10 +60,12 @@ def test_dynamic_update_slice_equals_jit(shape):
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
-def test_zero_size_result_is_replicated_and_reads_back(shape):
-    x, w = jnp.ones((8, 16), jnp.float32), jnp.ones((16, 0), jnp.float32)
+@pytest.mark.parametrize("m,k", [(8, 16), (4, 4)], ids=["8x16", "4x4"])
+def test_zero_size_result_is_replicated_and_reads_back(shape, m, k):
+    # 8x16 @ 16x0 was planned P(('x','y'), None) (unreadable); 4x4 @ 4x0 on 1x8 had no plan at all
+    # (InfeasibleError), found by the fuzzer.
+    x, w = jnp.ones((m, k), jnp.float32), jnp.ones((k, 0), jnp.float32)
     step = ap.parallelize(lambda x, w: x @ w, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=shape)))
     exe = step.get_executable(x, w)
     assert all(all(e is None for e in spec) for spec in exe.plan.output_specs), exe.plan.output_specs
-    got = np.asarray(step(x, w))
-    assert got.shape == (8, 0)
+    assert np.asarray(step(x, w)).shape == (m, 0)

@@ -6,7 +6,8 @@
 // * Runtime-indexed dims are never split or resharded. XLA folds a partition slice (the local
 //   slice of a replicated -> split reshard) of a dynamic_slice result along a dim its runtime start
 //   indexes into the dynamic_slice, clamping the start for the shard's size instead of the
-//   slice's. Minimal repro (jax 0.10.2, 8 CPU devices, mesh ("x", "y") = (2, 4)):
+//   slice's. Minimal repro (jax 0.10.2, 8 CPU devices, mesh ("x", "y") = (2, 4); jax 0.12.0 gets
+//   it right, the rule stays for the jax versions that do not):
 //
 //     wsc = lambda v, s: lax.with_sharding_constraint(v, NamedSharding(mesh, s))
 //     x, i = jnp.arange(24.0).reshape(12, 2), 6      # jax clamps the start 6 to 4: rows 4..11
