@@ -82,7 +82,7 @@ def tie_stats(graph, mesh, option) -> dict:
     from alpa_pass.driver.planning import core_graph
 
     t = time.perf_counter()
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), [],
+    problem = _core.build_sharding_problem(core_graph(graph), option.core_mesh(mesh), option.to_core(), [],
                                            list(graph.donated_args))
     stats = dict(problem.repeat_stats)
     stats["build_s"] = time.perf_counter() - t

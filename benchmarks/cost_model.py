@@ -43,7 +43,7 @@ class CostModel:
         lowered = lower(fn, args)
         self.graph = extract_graph(lowered.compiler_ir("stablehlo"))
         ties = node_ties(self.graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
-        self.problem = _core.build_sharding_problem(core_graph(self.graph), mesh.to_core(),
+        self.problem = _core.build_sharding_problem(core_graph(self.graph), option.core_mesh(mesh),
                                                     option.to_core(), list(ties))
         self.mesh, self.option = mesh, option
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from alpa_pass import _core, _sizes
+from alpa_pass import _core, _sizes, cost_profile
 from alpa_pass.errors import OptionError
 from alpa_pass.solve.highs import SolveOptions
 
@@ -72,6 +72,14 @@ class AutoShardingOption:
         this fraction of the device's memory (``memory_stats()["bytes_limit"]``) as their budget
         (``driver.budget.resolve_budget``; ``plan.memory_budget`` says which budget was used);
         ``None``: no budget unless one is given. CPU devices get no budget unless one is given.
+      profile: a measured cluster profile to plan with (``alpa-pass profile`` writes one): a path
+        to its JSON (read when the option is made), its dict, or ``"auto"`` = the cached profile of
+        the cluster planned on (``~/.cache/alpa_pass/profiles/<cluster key>.json``, read when a
+        plan is requested; none there: a warning and unit costs). With a profile each mesh axis
+        costs the measured alpha/beta (the LogicalMesh's alpha/beta are not used),
+        ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
+        scaled by the profile's median beta, and the objective is in seconds. The profile's
+        content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -94,8 +102,10 @@ class AutoShardingOption:
     refine_unmerged: bool | str = "auto"
     refine_node_limit: int = 1000
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
+    profile: "str | dict | cost_profile.ClusterProfile | None" = None
 
     def __post_init__(self):
+        object.__setattr__(self, "profile", cost_profile.normalize(self.profile))
         if isinstance(self.memory_budget_per_device, str):
             object.__setattr__(self, "memory_budget_per_device", _sizes.parse_bytes(
                 self.memory_budget_per_device, "AutoShardingOption.memory_budget_per_device", OptionError))
@@ -135,11 +145,21 @@ class AutoShardingOption:
         opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
         opts.compute_cost_per_flop = self.compute_cost_per_flop
         opts.memory_cost_per_byte = self.memory_cost_per_byte
+        profile = cost_profile.resolve(self.profile)
+        if profile is not None:  # objective in seconds: measured compute, the tie-breaker rescaled
+            opts.compute_cost_per_flop = profile.seconds_per_flop
+            opts.memory_cost_per_byte = self.memory_cost_per_byte * profile.reference_beta
         opts.memory_budget_per_device = float(self.memory_budget_per_device or 0)
         opts.merge_followers = self.merge_followers
         opts.replicate_below_numel = self.replicate_below_numel
         opts.tie_repeated_layers = self.tie_repeated_layers
         return opts
+
+    def core_mesh(self, mesh) -> "_core.Mesh":
+        """The C++ core's view of LogicalMesh ``mesh`` under these options: the profile's
+        measured alpha/beta per axis when one is set, else the mesh's own."""
+        profile = cost_profile.resolve(self.profile)
+        return mesh.to_core() if profile is None else profile.core_mesh(mesh)
 
     def solve_options(self, time_limit_s: float | None = None) -> SolveOptions:
         """HiGHS options of a solve under these options (``time_limit_s`` overrides the limit)."""
@@ -150,5 +170,8 @@ class AutoShardingOption:
     def planning_fields(self) -> dict:
         """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``
         records them; the plan cache keys on them)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.metadata.get("planning", True)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.metadata.get("planning", True)}
+        if isinstance(fields["profile"], cost_profile.ClusterProfile):  # its key and content digest
+            fields["profile"] = str(fields["profile"])
+        return fields

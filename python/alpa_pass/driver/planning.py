@@ -130,7 +130,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     t = time.perf_counter()
 
     def build(opt):
-        return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
+        return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh), opt.to_core(), list(ties),
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
                                             list(pinned_uses),
