@@ -120,7 +120,8 @@ def _solve(ilp, col_upper: np.ndarray, time_limit_s: float) -> Solution | None:
     assignment = np.asarray(_core.decode_assignment(ilp, x), dtype=np.int64)
     result = _core.evaluate(ilp, assignment)
     return Solution(assignment=assignment, x=x, objective=float(result.objective), status=status,
-                    optimal=status == "Optimal", mip_gap=float(h.getInfo().mip_gap), solve_time_s=0.0)
+                    optimal=status == "Optimal", mip_gap=float(h.getInfo().mip_gap),
+                    time_limited=status == "Time limit reached", solve_time_s=0.0)
 
 
 def flat_arg_specs(specs_tree) -> list:

@@ -181,3 +181,19 @@ def test_cli_has_a_profile_command(capsys):
     ns = cli.parser().parse_args(["profile", "--out", "p.json", "--sizes", "4096,65536", "--iters", "4"])
     assert (ns.command, ns.out, ns.sizes, ns.iters, ns.repeats) == ("profile", "p.json", "4096,65536", 4, 5)
     assert cli.parser().parse_args(["profile"]).out == "cache"
+
+
+def test_mesh_search_compares_measured_costs(mlp_step):
+    step, params, batch = mlp_step
+
+    def search(profile):
+        option = ap.AutoShardingOption(profile=profile, allow_replicated_heavy_ops=True)
+        plan = ap.parallelize(step, method=ap.ShardParallel(mesh="auto", option=option)).plan(params, batch)
+        return {"x".join(map(str, t["shape"])): t for t in plan.mesh_search}, plan
+
+    # unit costs: 4x2 is 2x4 with its axes swapped, solved once
+    assert search(None)[0]["4x2"]["same_as"] == [2, 4]
+    # stride-1 axes 10x slower: 2x4 (its 4-axis has stride 1) and 4x2 (its 2-axis has) differ
+    tried, plan = search(synthetic({1: 1e-7, 2: 1e-8, 4: 1e-8}))
+    assert "same_as" not in tried["4x2"] and tried["4x2"]["objective"] != tried["2x4"]["objective"]
+    assert plan.objective == min(t["objective"] for t in tried.values() if t["objective"] is not None)

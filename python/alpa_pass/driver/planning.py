@@ -55,7 +55,7 @@ def plan_request(request: PlanRequest, progress=None) -> Plan:
                 dataclasses.replace(request.option, solver_objective_bound=bound)
             return _plan_one(request, mesh, option, progress)
 
-        plan = search_meshes(tuple(request.meshes), bounded)
+        plan = search_meshes(tuple(request.meshes), bounded, request.option.core_mesh)
     for i in request.key_inputs:  # a key array's spec, not its key data's (planned replicated)
         plan.input_specs[i] = PartitionSpec()
     for i in request.key_outputs:
