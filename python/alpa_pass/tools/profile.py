@@ -195,8 +195,8 @@ def measure_memory(nbytes: int, repeats: int, iters: int) -> float:
 
 
 def profile_cluster(out: str | None = None, *, sizes=None, repeats: int = 5, iters: int = 8,
-                    kinds=cost_profile.KINDS, axes=None, matmul_n: int = 512,
-                    memory_bytes: int = 16 << 20, dtypes=("float32", "bfloat16"), progress=None) -> dict:
+                    kinds=cost_profile.KINDS, axes=None, matmul_n: int | None = None,
+                    memory_bytes: int | None = None, dtypes=("float32", "bfloat16"), progress=None) -> dict:
     """Measure this cluster (all of ``jax.devices()``) and return its profile as a dict.
 
     Args:
@@ -207,8 +207,9 @@ def profile_cluster(out: str | None = None, *, sizes=None, repeats: int = 5, ite
       repeats: runs per timing (median). iters: loop iterations per timed run (see module doc).
       kinds: collectives to measure; ``axes``: (size, stride) pairs, default every axis of a
         row-major mesh over the devices (``cost_profile.axes_of``).
-      matmul_n: matrix side of the throughput measurement; memory_bytes: buffer per device of
-        the bandwidth measurement; dtypes: matmul dtypes (float32 is required by the planner).
+      matmul_n: matrix side of the throughput measurement (default 512 on CPU, else 4096);
+        memory_bytes: buffer per device of the bandwidth measurement (default 16 MiB on CPU, else
+        256 MiB); dtypes: matmul dtypes (float32 is required by the planner).
       progress: callable taking one line of text, or None.
     """
     import jax
@@ -221,8 +222,10 @@ def profile_cluster(out: str | None = None, *, sizes=None, repeats: int = 5, ite
     start = time.perf_counter()
     cluster = cost_profile.current_cluster()
     n = cluster["num_devices"]
-    if sizes is None:
-        sizes = CPU_SIZES if cluster["platform"] == "cpu" else ACCELERATOR_SIZES
+    cpu = cluster["platform"] == "cpu"
+    sizes = (CPU_SIZES if cpu else ACCELERATOR_SIZES) if sizes is None else sizes
+    matmul_n = (512 if cpu else 4096) if matmul_n is None else matmul_n
+    memory_bytes = ((16 if cpu else 256) << 20) if memory_bytes is None else memory_bytes
     axes = cost_profile.axes_of(n) if axes is None else [tuple(map(int, a)) for a in axes]
     data = {"format": cost_profile.FORMAT, "format_version": cost_profile.FORMAT_VERSION,
             "key": cost_profile.cluster_key(**cluster), "cluster": cluster,
@@ -262,7 +265,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else 64KiB..64MiB, x4 apart)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
     p.add_argument("--iters", type=int, default=8, help="loop iterations per timed run (>= 2)")
-    p.add_argument("--matmul-n", type=int, default=512, help="matrix side of the matmul measurement")
+    p.add_argument("--matmul-n", type=int, default=None,
+                   help="matrix side of the matmul measurement (default 512 on CPU, else 4096)")
     p.add_argument("--cpu-devices", type=int, default=None,
                    help="CPU only: simulate N devices (sets XLA_FLAGS before jax starts)")
 
