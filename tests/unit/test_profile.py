@@ -197,3 +197,53 @@ def test_mesh_search_compares_measured_costs(mlp_step):
     tried, plan = search(synthetic({1: 1e-7, 2: 1e-8, 4: 1e-8}))
     assert "same_as" not in tried["4x2"] and tried["4x2"]["objective"] != tried["2x4"]["objective"]
     assert plan.objective == min(t["objective"] for t in tried.values() if t["objective"] is not None)
+
+
+def test_auto_stage_latencies_under_a_profile_are_seconds():
+    # tests/integration/test_pipeshard.py's heavy-layer case, costed with a profile: 1 GFLOP/s, cheap links
+    import jax.numpy as jnp
+
+    from alpa_pass.pipeline.compile.pipeshard import micro_avals
+    from alpa_pass.pipeline.partition import stage_search
+    from alpa_pass.pipeline.partition.layers import manual_layers
+    from alpa_pass.pipeline.trace.step import trace_step
+
+    reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
+
+    def loss_fn(params, batch):
+        x = batch["x"]
+        for r, layer in zip(reps, params):
+            for _ in range(r):
+                x = jnp.tanh(x @ layer["kernel"])
+            ap.mark_pipeline_boundary()
+        return jnp.mean((x - batch["y"]) ** 2)
+
+    hidden, batch, micro = 64, 16384, 8
+    params = [{"kernel": jax.ShapeDtypeStruct((hidden, hidden), jnp.float32)} for _ in reps]
+    data = {"x": jax.ShapeDtypeStruct((batch, hidden), jnp.float32),
+            "y": jax.ShapeDtypeStruct((batch, hidden), jnp.float32)}
+    cluster = ap.LogicalMesh(shape=(1, 8))
+    option = ap.AutoShardingOption(profile=synthetic({1: 1e-9, 2: 1e-9, 4: 1e-9}, alpha=1e-5, flops=1e9))
+    method = ap.PipeshardParallel(mesh=cluster, num_micro_batches=micro, option=option,
+                                  stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
+    traced = trace_step(lambda p, b: ap.grad(loss_fn)(p, b), (params, data), (1,),
+                        lambda a, m: micro_avals(a, m, micro, "step"))
+    costs = {}
+    real = stage_search.stage_cost
+
+    def recording(traced, program, mesh, method):
+        cost = real(traced, program, mesh, method)
+        costs.setdefault(mesh.num_devices, []).append(cost)
+        return cost
+
+    stage_search.stage_cost = recording
+    try:
+        auto = stage_search.auto_stages(traced, manual_layers(traced.loss), cluster, method)
+    finally:
+        stage_search.stage_cost = real
+    # the whole step on one device: 20 dots (layer 0: forward + weight gradient, layer 1: 4 x 3,
+    # layers 2-3: 3 each) of 2 x (batch / micro) x hidden^2 FLOPs at 1e9 FLOP/s (+ a few % elementwise)
+    dots = 20 * 2 * (batch // micro) * hidden * hidden / 1e9
+    assert max(costs[1]) == pytest.approx(dots, rel=0.05)
+    assert max(costs[8]) == pytest.approx(max(costs[1]) / 8, rel=0.05)  # data parallel, links nearly free
+    assert len(auto) == 1 and auto[0].mesh.num_devices == 8  # so one 8-device stage beats any pipeline
