@@ -43,6 +43,7 @@ from alpa_pass.mesh import LogicalMesh
 _CHAIN = ("sdy.sharding_constraint", "stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
 _DIM = re.compile(r"\{([^{}]*)\}")
 _AXIS = re.compile(r'^"([^"]+)"$')
+_NAME_LOC = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?!:\d)')
 
 
 def rewrite_accumulations(module: ir.Module, mesh: LogicalMesh, mesh_name: str = "mesh",
@@ -91,6 +92,7 @@ def _inline_calls(block, funcs: dict) -> None:
             callee = funcs[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
             body = callee.regions[0].blocks[0]
             mapping = dict(zip(body.arguments, op.operands))
+            caller = _loc_name(op.location)
             with ir.InsertionPoint(op):
                 for inner in body.operations:
                     inner = inner.operation
@@ -98,6 +100,9 @@ def _inline_calls(block, funcs: dict) -> None:
                         results = [mapping.get(v, v) for v in inner.operands]
                         break
                     new = inner.clone()
+                    callee = _loc_name(inner.location)
+                    if caller is not None and callee is not None:  # the HLO op_name XLA's own inlining gives
+                        new.location = ir.Location.name(f"{caller}/{callee}", childLoc=inner.location)
                     _remap(new, mapping)
                     mapping.update(zip(inner.results, new.results))
             for old, new in zip(op.results, results):
@@ -110,6 +115,12 @@ def _inline_calls(block, funcs: dict) -> None:
         for region in op.regions:
             for inner_block in region.blocks:
                 _inline_calls(inner_block, funcs)
+
+
+def _loc_name(loc) -> str | None:
+    """The name of a ``loc("name"(...))`` location (jax's name stack), or None."""
+    m = _NAME_LOC.match(str(loc))
+    return m.group(1) if m else None
 
 
 def _remap(op, mapping: dict) -> None:
