@@ -148,7 +148,7 @@ class _Walker:
         self._info: list = []  # node id -> (shape, dtype_bytes)
         self.weights: list = []  # node id -> cost factor (product of enclosing trip counts)
         self._weight = 1.0
-        self.loops: list = []  # (carry nodes, yield nodes, weight outside the loop) per while
+        self.loops: list = []  # (carry nodes, yield nodes, weight outside) per top-level while of the entry
 
     def add(self, kind, shape, nbytes, operands, attrs, **kw) -> int:
         self._info.append((shape, nbytes))
@@ -257,7 +257,8 @@ class _Walker:
         outs = self._results(op, [(y,) for y in yields], loc)
         for c, y, out in zip(carry, yields, outs):
             self.builder.ties += [(c, y), (out, y)]
-        self.loops.append((carry, yields, outer))
+        if not loc.nest and not loc.call_path:  # the loops emit.accumulation rewrites: main's own
+            self.loops.append((carry, yields, outer))
         return outs
 
     def walk_case(self, op, ins: list[int], env: dict, loc: OpLocator) -> list[int]:
