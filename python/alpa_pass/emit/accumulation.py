@@ -18,7 +18,9 @@ carried slot ``s`` of a top-level while that matches
 
   init_s = zeros                                   (a splat 0 constant, or its broadcast)
   body:  y = add(arg_s, chain(dot(l, r)))          (chain: transpose / reshape / convert /
-                                                    sharding constraints, each value used once)
+                                                    sharding constraints / sums of size-1 dims /
+                                                    products and quotients with a splat constant,
+                                                    each value used once)
          with l, r read in layouts that split one contracted pair over exactly the axes A
          (or y = add(arg_s, chain(reduce_sum(x))), x split over A on one reduced dim)
 
@@ -218,10 +220,10 @@ def _match_source(value, mesh: LogicalMesh):
     partial-sum axes nothing in the chain mentions; else None."""
     chain = []
     while (o := _owner(value)) is not None and _single_use(value) and \
-            (o.name in _CHAIN or (_is_sum(o) and all(
+            (o.name in _CHAIN or _scales(o, value) or (_is_sum(o) and all(
                 ir.RankedTensorType(o.operands[0].type).shape[d] == 1 for d in _reduced(o)))):
         chain.append(o)
-        value = o.operands[0]
+        value = o.operands[_scaled_operand(o)]
     o = _owner(value)
     if o is None or not _single_use(value):
         return None
@@ -233,6 +235,29 @@ def _match_source(value, mesh: LogicalMesh):
     if any(c.name == "sdy.sharding_constraint" and _dims(c) is None for c in chain):
         return None
     return o, kind, dims, axes, list(reversed(chain))
+
+
+def _constant(value) -> bool:
+    """``value`` is a splat constant (maybe broadcast and constrained)."""
+    o = _owner(_strip_constraints(value, []))
+    if o is not None and o.name == "stablehlo.broadcast_in_dim":
+        o = _owner(o.operands[0])
+    return o is not None and o.name == "stablehlo.constant" and \
+        ir.DenseElementsAttr(o.attributes["value"]).is_splat
+
+
+def _scaled_operand(o) -> int:
+    """Which operand of a chain op carries the partial sums (1 for ``c * x``, else 0)."""
+    return 1 if o.name == "stablehlo.multiply" and _constant(o.operands[0]) else 0
+
+
+def _scales(o, value) -> bool:
+    """``o`` is ``x / c``, ``x * c`` or ``c * x`` for a splat constant ``c`` and the partial sums
+    ``x`` (linear: a mean's divisor, a loss scale); ``value`` is its result."""
+    if o.name not in ("stablehlo.divide", "stablehlo.multiply") or len(o.operands) != 2:
+        return False
+    k = _scaled_operand(o)
+    return _constant(o.operands[1 - k]) and not _constant(o.operands[k])
 
 
 def _operand_dims(value):
@@ -359,6 +384,12 @@ def _retype(op, n: int, axes, mesh_name: str) -> None:
         op.attributes["permutation"] = ir.DenseI64ArrayAttr.get([0, *(p + 1 for p in perm)])
     elif op.name == "stablehlo.reduce":
         op.attributes["dimensions"] = ir.DenseI64ArrayAttr.get([d + 1 for d in _reduced(op)])
+    elif op.name in ("stablehlo.divide", "stablehlo.multiply"):  # the constant, broadcast along
+        c = 1 - _scaled_operand(op)
+        t = ir.RankedTensorType(op.operands[c].type)
+        with ir.InsertionPoint(op), op.location:
+            op.operands[c] = stablehlo.BroadcastInDimOp(
+                _prefixed(t, n), op.operands[c], ir.DenseI64ArrayAttr.get(list(range(1, t.rank + 1)))).result
 
 
 def _split_operand(value, k: int, n: int, dims, axes, mesh_name: str):
