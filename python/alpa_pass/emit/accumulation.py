@@ -38,6 +38,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from alpa_pass.emit.constraints import sharding_text
 from alpa_pass.errors import EmitError
 from alpa_pass.extract.stablehlo import functions
 from alpa_pass.mesh import LogicalMesh
@@ -158,9 +159,9 @@ def _single_use(value) -> bool:
 def _dims(op) -> list[tuple[str, ...]] | None:
     """Per-dim axis names of a ``sdy.sharding_constraint`` (None: open dims, sub-axes, extras)."""
     text = str(op.attributes["sharding"])
-    inner = text[text.index("[") + 1:text.rindex("]")] if "[" in text else None
-    if inner is None or text.rstrip(">").rstrip().endswith("]") is False:
+    if "[" not in text or not text.rstrip(">").rstrip().endswith("]"):  # replicated={...} and the like
         return None
+    inner = text[text.index("[") + 1:text.rindex("]")]
     out = []
     for d in _DIM.findall(inner):
         names = [a.strip() for a in d.split(",") if a.strip()]
@@ -220,7 +221,7 @@ def _match_source(value, mesh: LogicalMesh):
     partial-sum axes nothing in the chain mentions; else None."""
     chain = []
     while (o := _owner(value)) is not None and _single_use(value) and \
-            (o.name in _CHAIN or _scales(o, value) or (_is_sum(o) and all(
+            (o.name in _CHAIN or _scales(o) or (_is_sum(o) and all(
                 ir.RankedTensorType(o.operands[0].type).shape[d] == 1 for d in _reduced(o)))):
         chain.append(o)
         value = o.operands[_scaled_operand(o)]
@@ -251,9 +252,9 @@ def _scaled_operand(o) -> int:
     return 1 if o.name == "stablehlo.multiply" and _constant(o.operands[0]) else 0
 
 
-def _scales(o, value) -> bool:
+def _scales(o) -> bool:
     """``o`` is ``x / c``, ``x * c`` or ``c * x`` for a splat constant ``c`` and the partial sums
-    ``x`` (linear: a mean's divisor, a loss scale); ``value`` is its result."""
+    ``x`` (linear: a mean's divisor, a loss scale)."""
     if o.name not in ("stablehlo.divide", "stablehlo.multiply") or len(o.operands) != 2:
         return False
     k = _scaled_operand(o)
@@ -359,8 +360,7 @@ def _prefixed(t, n: int) -> ir.RankedTensorType:
 
 
 def _sharding(dims, mesh_name: str) -> ir.Attribute:
-    body = ", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}" for d in dims)
-    return ir.Attribute.parse(f"#sdy.sharding<@{mesh_name}, [{body}]>")
+    return ir.Attribute.parse(sharding_text(dims, mesh_name))
 
 
 def _constrain(value, dims, mesh_name: str):
