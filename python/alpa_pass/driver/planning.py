@@ -134,7 +134,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
                                             list(pinned_uses),
-                                            [] if graph.weights is None else list(graph.weights))
+                                            [] if graph.weights is None else list(graph.weights),
+                                            [] if graph.comm_weights is None else list(graph.comm_weights))
     problem = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
