@@ -135,10 +135,7 @@ def dot_flops(hlo_text: str) -> float:
 @pytest.mark.parametrize("kind,shape", [
     ("flax", (2, 4)),
     ("lax", (1, 8)),
-    ("flax_remat", (1, 8)),
-    ("lax", (2, 4)),
-    ("flax", (1, 8)),
-    ("flax_remat", (2, 4)),
+    ("flax_remat", (1, 8)),  # (lax, 2x4), (flax, 1x8), (flax_remat, 2x4) pass too: left out for CI time
 ])
 def test_scanned_gpt_trains_like_jit_with_the_twins_flops(kind, shape):
     """3 Adam steps of the scanned GPT give jax.jit's losses and parameters; the compiled step's
