@@ -142,3 +142,24 @@ def test_elementwise_attrs_runtime_indexed_layout():
     assert _core.decode_elementwise_attrs([2]).runtime_indexed_dims == []
     with pytest.raises(ValueError, match="more than one -1"):
         _core.decode_elementwise_attrs([-1, 0, -1])
+
+
+def test_a_one_layer_slice_reshaped_keeps_its_other_dims_splittable():
+    """scan's read of one layer: dynamic_slice(x[4, 8, 2], (i, 0, 0), (1, 8, 2)) reshaped to [8, 2].
+    The indexed dim has size 1 in the slice, so the reshape's dim 0 (from the slice's dim 1) is no
+    runtime-indexed dim: the dot reading it may split it. A reshape that merges an indexed dim of
+    size > 1 into its group still marks the group."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [4, 8, 2], F32, attrs=[0])
+    i = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    ds = b.add(OpKind.ELEMENTWISE, [1, 8, 2], F32, [x, i, zero, zero], [-1, 0])
+    layer = b.add(OpKind.RESHAPE, [8, 2], F32, [ds])
+    dot = _dot(b, layer)
+    rows = b.add(OpKind.PARAMETER, [12, 2], F32, attrs=[3])
+    ds8 = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [rows, i, zero], [-1, 0])
+    flat = b.add(OpKind.RESHAPE, [16], F32, [ds8])
+    prob = build(b)
+    assert 1 in split_dims(prob, ds)[0] and 0 not in split_dims(prob, x)[0]
+    assert 0 in split_dims(prob, layer)[0] and 0 in split_dims(prob, dot)[0]
+    assert split_dims(prob, flat)[0] == set(), "an [8, 2] slice of 12 rows reshaped to [16] was split"
