@@ -18,7 +18,7 @@ import pytest
 
 import alpa_pass as ap
 from alpa_pass.runtime.multiprocess import plan_digest
-from tests.models import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp
 
 HOG_S = 300  # each hog exits by itself after this long, should the test die before killing it
 
