@@ -17,12 +17,14 @@ from alpa_pass.errors import InfeasibleError, SolverError
 
 @dataclasses.dataclass(frozen=True)
 class SolveOptions:
-    """Attributes: time_limit_s, rel_gap (stop at this relative MIP gap), threads (1 is
+    """Attributes: time_limit_s (wall-clock seconds; ``None``: no limit. A solve stopped by it
+    depends on machine speed and load), rel_gap (stop at this relative MIP gap), threads (1 is
     deterministic), log_to_console, keep_log (return HiGHS's log text in the result), seed,
     objective_bound (a cutoff: stop once no better plan can exist), node_limit (branch-and-bound
-    nodes; unlike the time limit, a solve stopped by it returns the same plan on any machine)."""
+    nodes, ``None``: no limit; unlike the time limit, a solve stopped by it returns the same plan
+    on any machine)."""
 
-    time_limit_s: float = 60.0
+    time_limit_s: float | None = None
     rel_gap: float = 1e-4
     threads: int = 1
     log_to_console: bool = False
@@ -43,6 +45,7 @@ class Solution:
     time_limited: bool       # stopped by the time limit: the result depends on machine speed and load
     solve_time_s: float
     log: str = ""
+    node_limited: bool = False  # stopped by the node limit: deterministic, but maybe not optimal
 
 
 def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> Solution:
@@ -65,7 +68,7 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
         fd, log_path = tempfile.mkstemp(prefix="alpa_pass_highs_", suffix=".log")
         os.close(fd)
         h.setOptionValue("log_file", log_path)
-    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("time_limit", float("inf") if options.time_limit_s is None else float(options.time_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))
     h.setOptionValue("threads", int(options.threads))
     h.setOptionValue("random_seed", int(options.seed))
@@ -96,15 +99,25 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
     info = h.getInfo()
     x = np.asarray(h.getSolution().col_value, dtype=np.float64)
     if x.size != problem.num_cols or info.primal_solution_status != 2:  # 2 = feasible
-        raise SolverError(f"HiGHS stopped without a feasible plan ({status_text}) after {elapsed:.1f}s; "
-                          f"raise AutoShardingOption.solver_time_limit_s")
+        raise SolverError(f"HiGHS stopped without a feasible plan ({status_text}) after {elapsed:.1f}s and "
+                          f"{info.mip_node_count} nodes; {_raise_which(status, highspy)}")
     assignment = np.asarray(_core.decode_assignment(problem, x), dtype=np.int64)
     objective = float(_core.evaluate(problem, assignment).objective)
     optimal = status == highspy.HighsModelStatus.kOptimal
     gap = float(info.mip_gap) if problem.integrality.any() else 0.0
     return Solution(assignment=assignment, x=x, objective=objective, status=status_text,
                     optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log,
-                    time_limited=status == highspy.HighsModelStatus.kTimeLimit)
+                    time_limited=status == highspy.HighsModelStatus.kTimeLimit,
+                    node_limited=status == highspy.HighsModelStatus.kSolutionLimit)
+
+
+def _raise_which(status, highspy) -> str:
+    """What to change when a solve stopped at a limit without a feasible plan."""
+    if status == highspy.HighsModelStatus.kTimeLimit:
+        return "raise AutoShardingOption.solver_time_limit_s (or set it to None: no wall-clock limit)"
+    if status == highspy.HighsModelStatus.kSolutionLimit:
+        return "raise AutoShardingOption.solver_node_limit"
+    return "the sharding ILP may be malformed; please report it"
 
 
 def _pass_model(h, problem, highspy) -> None:
