@@ -103,14 +103,15 @@ class _Bounds:
         return getattr(self._ilp, name)
 
 
-def _solve(ilp, col_upper: np.ndarray, time_limit_s: float) -> Solution | None:
+def _solve(ilp, col_upper: np.ndarray, time_limit_s: float | None) -> Solution | None:
     """HiGHS on ``ilp`` with ``col_upper``; None when it finds no feasible assignment."""
     import highspy
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("time_limit", float("inf") if time_limit_s is None else float(time_limit_s))
     h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
     _pass_model(h, _Bounds(ilp, col_upper), highspy)
     h.run()
     status = h.modelStatusToString(h.getModelStatus())

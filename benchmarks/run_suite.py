@@ -43,7 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--unmerged", choices=("auto", "on", "off"), default="auto",
                    help="evaluate baselines follower merging cannot express in the unmerged ILP "
                         "(auto: small sizes only; the unmerged ILP of a large model is slow)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit (s)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="opt-in solver wall-clock limit (s); default none: solves are bounded by nodes")
     p.add_argument("--profile", default=None,
                    help="plan and cost with a measured profile (`alpa-pass profile`): a JSON path or 'auto'")
     p.add_argument("--case-timeout", type=float, default=None,
@@ -149,7 +150,9 @@ def run_child(args, size: str, timeout: float) -> int:
     """``run_one`` for ``size`` in a child process; past ``timeout`` s it is killed and a JSON
     saying so (with the last lines it printed) is written in its place."""
     argv = [sys.executable, os.path.abspath(__file__), args.suite, "--size", size, "--repeats", str(args.repeats),
-            "--unmerged", args.unmerged, "--time-limit", str(args.time_limit), "--out", args.out]
+            "--unmerged", args.unmerged, "--out", args.out]
+    if args.time_limit is not None:
+        argv += ["--time-limit", str(args.time_limit)]
     for flag, value in (("--mesh", args.mesh), ("--beta", args.beta), ("--batch", args.batch),
                         ("--methods", args.methods), ("--report-dir", args.report_dir), ("--profile", args.profile)):
         if value is not None:

@@ -36,9 +36,19 @@ class AutoShardingOption:
         InfeasibleError naming the smallest budget the planner estimates feasible.
       merge_followers: merge elementwise/transpose/reduce ops into the op they follow (smaller ILP).
       replicate_below_numel: tensors with at most this many elements are computed replicated.
-      solver_time_limit_s: HiGHS time limit; the best plan found by then is used (the gap is reported).
+      solver_time_limit_s: a wall-clock limit (seconds) on each HiGHS solve, opt-in (``None``, the
+        default: no limit). A plan is a function of (program, mesh, options, versions) only when
+        no solve hits it: a solve stopped by the clock keeps its best plan so far, which depends on
+        machine speed and load (``plan.solver_status == "Time limit reached"``, a warning; the
+        processes of a ``mpirun`` job may then diverge: ``PlanDivergedError``).
+      solver_node_limit: the deterministic bound on each HiGHS solve: branch-and-bound nodes
+        (HiGHS ``mip_max_nodes``). A solve stopped by it keeps its best plan (``plan.mip_gap``
+        says how far from optimal it may be; status "Solution limit reached"), the same plan on
+        any machine; ``None``: no limit. Every ILP of the test suite and the benchmarks solves
+        to optimality well under the default.
       solver_rel_gap: HiGHS relative MIP gap at which to stop.
-      solver_threads: HiGHS threads (1 keeps results deterministic).
+      solver_threads: HiGHS threads (1, the default, keeps results deterministic: HiGHS then runs
+        with a fixed random seed on one thread; more threads may change which optimum is returned).
       solver_log: print HiGHS's log to the terminal.
       solver_objective_bound: stop a solve as soon as HiGHS proves no plan beats this objective
         (SolverError "cannot beat"); the mesh search sets it to the best objective found so far.
@@ -65,8 +75,8 @@ class AutoShardingOption:
         worse, ``plan.refinement`` records both objectives). True: always; False: never; "auto":
         when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns. The solve
         stops at ``refine_node_limit`` branch-and-bound nodes (the same plan on any machine); one
-        stopped first by ``solver_time_limit_s`` is discarded on "auto" and kept (its incumbent,
-        ``plan.refinement["time_limited"]``) when forced.
+        stopped first by an opt-in ``solver_time_limit_s`` is discarded on "auto" and kept (its
+        incumbent, ``plan.refinement["time_limited"]``) when forced.
       refine_node_limit: branch-and-bound nodes of the refinement solve (a deterministic bound).
       device_memory_fraction: with ``memory_budget_per_device=None``, plans on GPU/TPU devices get
         this fraction of the device's memory (``memory_stats()["bytes_limit"]``) as their budget
@@ -88,7 +98,8 @@ class AutoShardingOption:
     memory_budget_per_device: int | None = None
     merge_followers: bool = True
     replicate_below_numel: int = 1
-    solver_time_limit_s: float = 60.0
+    solver_time_limit_s: float | None = None
+    solver_node_limit: int | None = 10_000
     solver_rel_gap: float = 1e-4
     solver_threads: int = 1
     solver_log: bool = dataclasses.field(default=False, metadata=_SHOWN_ONLY)
@@ -114,8 +125,14 @@ class AutoShardingOption:
                              f"got {self.refine_unmerged!r}")
         if self.emit not in ("all", "anchors"):
             raise OptionError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
-        if self.solver_time_limit_s <= 0:
-            raise OptionError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
+        if self.solver_time_limit_s is not None and not self.solver_time_limit_s > 0:
+            raise OptionError(f"AutoShardingOption.solver_time_limit_s must be > 0 or None (no wall-clock "
+                              f"limit), got {self.solver_time_limit_s}")
+        if self.solver_node_limit is not None and (isinstance(self.solver_node_limit, bool) or
+                                                   not isinstance(self.solver_node_limit, int) or
+                                                   self.solver_node_limit < 1):
+            raise OptionError(f"AutoShardingOption.solver_node_limit must be an int >= 1 or None, "
+                              f"got {self.solver_node_limit!r}")
         if not 0 <= self.solver_rel_gap < 1:
             raise OptionError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
         if self.compute_cost_per_flop < 0 or self.memory_cost_per_byte < 0:
@@ -161,9 +178,9 @@ class AutoShardingOption:
         profile = cost_profile.resolve(self.profile)
         return mesh.to_core() if profile is None else profile.core_mesh(mesh)
 
-    def solve_options(self, time_limit_s: float | None = None) -> SolveOptions:
-        """HiGHS options of a solve under these options (``time_limit_s`` overrides the limit)."""
-        return SolveOptions(time_limit_s=self.solver_time_limit_s if time_limit_s is None else time_limit_s,
+    def solve_options(self) -> SolveOptions:
+        """HiGHS options of a solve under these options."""
+        return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
                             log_to_console=self.solver_log, objective_bound=self.solver_objective_bound)
 

@@ -162,6 +162,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
                            timings, progress, pins, pinned_uses)
     timings["solve"] = solution.solve_time_s
+    _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
@@ -170,6 +171,17 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     plan.made_with = serialize.made_with(option)
     check_divisible(graph, plan, mesh)
     return plan
+
+
+def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
+    """Say when a solve stopped before proving its plan optimal, and whether the clock chose it."""
+    if solution.time_limited:
+        log.warning("alpa_pass: the ILP solve on mesh %s hit solver_time_limit_s=%g (gap %.2g): the plan "
+                    "depends on this machine's speed and load; set AutoShardingOption(solver_time_limit_s=None) "
+                    "for a plan that does not", where, option.solver_time_limit_s, solution.mip_gap)
+    elif solution.node_limited:
+        log.info("alpa_pass: the ILP solve on mesh %s stopped at solver_node_limit=%d (gap %.2g)",
+                 where, option.solver_node_limit, solution.mip_gap)
 
 
 def check_divisible(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> None:
