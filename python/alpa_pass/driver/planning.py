@@ -22,6 +22,7 @@ from alpa_pass.driver.budget import resolve_budget, solve_within_budget
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
+from alpa_pass.emit.targets import plan_axis_order
 from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
@@ -56,6 +57,8 @@ def plan_request(request: PlanRequest, progress=None) -> Plan:
             return _plan_one(request, mesh, option, progress)
 
         plan = search_meshes(tuple(request.meshes), bounded)
+    if request.axis_order and list(request.axis_order) != list(plan.axis_order):
+        plan.order_axes(request.axis_order, request.graph)  # layouts shared with another plan
     for i in request.key_inputs:  # a key array's spec, not its key data's (planned replicated)
         plan.input_specs[i] = PartitionSpec()
     for i in request.key_outputs:
@@ -165,6 +168,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
     plan = build_plan(graph, problem, solution, mesh, timings)
+    plan.order_axes(plan_axis_order(graph, plan, mesh, option.emit), graph)
     plan.refinement = refinement
     plan.made_with = serialize.made_with(option)
     check_divisible(graph, plan, mesh)

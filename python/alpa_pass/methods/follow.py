@@ -48,6 +48,10 @@ class FollowParallel(IntraOpMethod):
         """The train step's mesh."""
         return self.followed().plan.mesh
 
+    def axis_order(self) -> tuple:
+        """The train step's axis order: shared layouts list split axes alike."""
+        return tuple(self.followed().plan.axis_order)
+
     def pin_policy(self, mesh: LogicalMesh):
         return lambda graph, ties, args: self.pins(graph, ties, mesh, args)
 
