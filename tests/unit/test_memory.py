@@ -8,7 +8,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.budget import redundant_memory_rows, solve_within_budget
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph
 
@@ -171,6 +171,53 @@ def test_infeasible_budget_names_the_least_peak():
         solve_within_budget(prob, least - 1, SolveOptions(), "1x4")
     ok = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
     assert solve_within_budget(ok, least, SolveOptions(), "1x4").assignment is not None
+
+
+def test_dropping_dominated_memory_rows_keeps_the_optimum():
+    """``redundant_memory_rows``: of three budget rows, the one below another coefficient-wise
+    and one of two equal rows are dropped; the optimum is the brute-force one at every budget."""
+    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
+    edges = [(0, 1, np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 1.0]]))]
+    big = (np.array([0, 0, 1, 1]), np.array([0, 1, 0, 2]), np.array([10.0, 4.0, 6.0, 1.0]))
+    small = (np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([5.0, 4.0, 1.0]))     # <= big
+    other = (np.array([0, 1]), np.array([1, 1]), np.array([9.0, 7.0]))               # not comparable
+    for upper in (11.0, 13.0, 20.0):
+        rows = [(*small, -np.inf, upper), (*big, -np.inf, upper), (*big, -np.inf, upper), (*other, -np.inf, upper)]
+        prob = _core.build_ilp(groups, edges, rows=rows)
+        start = prob.linear_row_start
+        assert list(redundant_memory_rows(prob)) == [start, start + 1]  # small, and the first of the equal pair
+        plans = [np.array(a) for a in itertools.product(range(2), range(3))]
+        feasible = [a for a in plans if not _core.evaluate(prob, a).violations]
+        sol = solve_ilp(prob, SolveOptions(rel_gap=0.0), drop_rows=redundant_memory_rows(prob))
+        assert not _core.evaluate(prob, sol.assignment).violations
+        assert sol.objective == pytest.approx(min(_core.evaluate(prob, a).objective for a in feasible))
+
+
+def test_a_budget_the_free_optimum_meets_is_solved_without_memory_rows(monkeypatch):
+    """The free optimum meets the budget: it is the budgeted optimum, and the rows never reach
+    HiGHS; a budget it does not meet is solved with them."""
+    from alpa_pass.driver import budget as budget_module
+
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    best = solve_ilp(free.ilp, SolveOptions(rel_gap=0.0))
+    peak = free.predicted_peak(best.assignment)[0]
+    calls = []
+    real = budget_module.solve_ilp
+
+    def record(ilp, opts, start=None, drop_linear_rows=False, drop_rows=None):
+        calls.append(drop_linear_rows)
+        return real(ilp, opts, start=start, drop_linear_rows=drop_linear_rows, drop_rows=drop_rows)
+
+    monkeypatch.setattr(budget_module, "solve_ilp", record)
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(peak), [])
+    sol = solve_within_budget(prob, peak, SolveOptions(rel_gap=0.0), "1x4")
+    assert calls == [True] and sol.objective == pytest.approx(best.objective, rel=1e-12)
+    least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
+    if least < peak:
+        calls.clear()
+        tight = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
+        sol = solve_within_budget(tight, least, SolveOptions(rel_gap=0.0), "1x4")
+        assert calls == [True, False] and tight.predicted_peak(sol.assignment)[0] <= least
 
 
 def chain_with_rows(upper):

@@ -45,12 +45,16 @@ class Solution:
     log: str = ""
 
 
-def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> Solution:
+def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_linear_rows: bool = False,
+              drop_rows=None) -> Solution:
     """Solve ``problem`` (an ``alpa_pass._core.IlpProblem``).
 
     ``start``: optional strategy index per ILP group, a feasible assignment handed to HiGHS as its
     first incumbent (every group column given; HiGHS completes the edge columns), so the result is
     never worse than ``start`` (ValueError if it has the wrong length or an index out of range).
+    ``drop_linear_rows``: solve without the problem's linear rows (the memory budget rows, from
+    ``linear_row_start`` on): the relaxation whose optimum, if it meets them, is the optimum.
+    ``drop_rows``: indices of rows to leave out (rows the caller proved redundant).
 
     Raises:
       InfeasibleError: HiGHS proved the problem infeasible.
@@ -74,6 +78,11 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
     if options.node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(options.node_limit))
     _pass_model(h, problem, highspy)
+    rows = np.asarray([] if drop_rows is None else drop_rows, dtype=np.int32)
+    if drop_linear_rows and problem.linear_row_start < problem.num_rows:
+        rows = np.arange(problem.linear_row_start, problem.num_rows, dtype=np.int32)
+    if rows.size:
+        h.deleteRows(len(rows), np.unique(rows))
     if start is not None:
         _set_start(h, problem, start, highspy)
     t0 = time.perf_counter()
@@ -105,6 +114,26 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
     return Solution(assignment=assignment, x=x, objective=objective, status=status_text,
                     optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log,
                     time_limited=status == highspy.HighsModelStatus.kTimeLimit)
+
+
+def lp_bound(problem, options: SolveOptions = SolveOptions()) -> float | None:
+    """The optimum of ``problem``'s LP relaxation (integrality dropped): a lower bound on every
+    integer solution's objective. Deterministic (simplex, no branching); None if HiGHS does not
+    reach the LP optimum (a time limit: then nothing is proven)."""
+    with _quiet_stdout(not options.log_to_console):
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.log_to_console))
+    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("threads", int(options.threads))
+    h.setOptionValue("random_seed", int(options.seed))
+    h.setOptionValue("solve_relaxation", True)
+    _pass_model(h, problem, highspy)
+    if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+        h.resetGlobalScheduler(True)  # see solve_ilp
+        h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
 
 
 def _pass_model(h, problem, highspy) -> None:
