@@ -193,31 +193,37 @@ def test_dropping_dominated_memory_rows_keeps_the_optimum():
         assert sol.objective == pytest.approx(min(_core.evaluate(prob, a).objective for a in feasible))
 
 
-def test_a_budget_the_free_optimum_meets_is_solved_without_memory_rows(monkeypatch):
-    """The free optimum meets the budget: it is the budgeted optimum, and the rows never reach
-    HiGHS; a budget it does not meet is solved with them."""
+def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch):
+    """Row generation: a budget the free optimum meets is one solve with no memory row; at every
+    binding budget the result is the brute-force optimum, reached with fewer rows than all."""
     from alpa_pass.driver import budget as budget_module
 
     free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    assignments = all_assignments(free.ilp)
     best = solve_ilp(free.ilp, SolveOptions(rel_gap=0.0))
     peak = free.predicted_peak(best.assignment)[0]
-    calls = []
+    kept_rows = []
     real = budget_module.solve_ilp
 
-    def record(ilp, opts, start=None, drop_linear_rows=False, drop_rows=None):
-        calls.append(drop_linear_rows)
-        return real(ilp, opts, start=start, drop_linear_rows=drop_linear_rows, drop_rows=drop_rows)
+    def record(ilp, opts, start=None, drop_rows=None):
+        kept_rows.append(ilp.num_rows - ilp.linear_row_start - len(drop_rows if drop_rows is not None else ()))
+        return real(ilp, opts, start=start, drop_rows=drop_rows)
 
     monkeypatch.setattr(budget_module, "solve_ilp", record)
     prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(peak), [])
     sol = solve_within_budget(prob, peak, SolveOptions(rel_gap=0.0), "1x4")
-    assert calls == [True] and sol.objective == pytest.approx(best.objective, rel=1e-12)
-    least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
-    if least < peak:
-        calls.clear()
-        tight = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
-        sol = solve_within_budget(tight, least, SolveOptions(rel_gap=0.0), "1x4")
-        assert calls == [True, False] and tight.predicted_peak(sol.assignment)[0] <= least
+    assert kept_rows == [0] and sol.objective == pytest.approx(best.objective, rel=1e-12)
+    peaks = sorted({free.predicted_peak(a)[0] for a in assignments})
+    binding = [b for b in peaks if b < peak]
+    assert binding, "no budget below the free optimum's peak: weak test"
+    for budget in binding:
+        kept_rows.clear()
+        prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget), [])
+        sol = solve_within_budget(prob, budget, SolveOptions(rel_gap=0.0), "1x4")
+        want = min(_core.evaluate(prob.ilp, a).objective for a in assignments if free.predicted_peak(a)[0] <= budget)
+        assert sol.objective == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert prob.predicted_peak(sol.assignment)[0] <= budget
+        assert kept_rows[0] == 0 and len(kept_rows) >= 2
 
 
 def chain_with_rows(upper):

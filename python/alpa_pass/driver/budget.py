@@ -6,6 +6,7 @@ in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -15,6 +16,8 @@ from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve.highs import Solution, SolveOptions, lp_bound, solve_ilp
 
+log = logging.getLogger("alpa_pass")
+
 
 # What a user can change when no plan fits: named in every memory InfeasibleError.
 LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split the layers into "
@@ -22,8 +25,18 @@ LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split th
           "(jax.checkpoint, remat) or use more devices")
 
 
+# Rounds of memory-row generation before the budgeted ILP is solved with every (undominated) row.
+MAX_ROW_ROUNDS = 8
+
+
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
     """Solve ``problem.ilp`` (a ``_core.ShardingProblem``, memory rows included when ``budget``).
+
+    With a budget, memory rows are added lazily (:func:`_solve_with_row_generation`): the ILP is
+    solved without them, then with the rows the plan broke, until a plan meets them all (the
+    optimum: that of a relaxation, and feasible) or ``MAX_ROW_ROUNDS`` is reached; then the
+    ILP is solved with every memory row no other row dominates. A default budget is often met by
+    the free plan (one solve, no rows), and a binding one needs a few rows of thousands.
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -35,15 +48,19 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         lower bound below which no plan fits (its LP relaxation) and the levers (``LEVERS``).
       SolverError / InfeasibleError from ``solve_ilp`` when the budget is not the cause.
     """
-    if budget is not None and problem.num_memory_rows > 0:
-        free = _solve_unbudgeted(problem, budget, options)
-        if free is not None:
-            return free
-    redundant = redundant_memory_rows(problem.ilp) if budget is not None and problem.num_memory_rows else None
+    budgeted = budget is not None and problem.num_memory_rows > 0
+    redundant = None
+    if budgeted:
+        found = _solve_with_row_generation(problem, options, where)
+        if found is not None:
+            return found
+        redundant = redundant_memory_rows(problem.ilp)
+        log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
+                 len(redundant), problem.num_memory_rows)
     try:
         return solve_ilp(problem.ilp, options, drop_rows=redundant)
     except (InfeasibleError, SolverError) as e:
-        if budget is None or problem.num_memory_rows == 0:
+        if not budgeted:
             raise
         if isinstance(e, SolverError) and options.objective_bound is not None:
             raise  # a mesh search's cutoff (or a stop) on a shape that cannot beat the best one
@@ -59,24 +76,39 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options)) from e
 
 
-def _solve_unbudgeted(problem, budget: int, options: SolveOptions) -> Solution | None:
-    """The optimum of ``problem`` without its memory rows if that plan meets ``budget`` (then it
-    is the budgeted optimum too: a relaxation's optimum that satisfies the dropped rows), else
-    None. Memory rows make HiGHS's LP much harder (LLaMA-8B on 8x8: ...), and a default budget
-    (``device_memory_fraction``) is often met by the free plan. Only a solve HiGHS finished
-    counts (a time-limited one is left to the budgeted solve), and the plan's peak is checked by
-    the same liveness model (``predicted_peak``, every schedule point) the rows come from."""
-    try:
-        free = solve_ilp(problem.ilp, options, drop_linear_rows=True)
-    except SolverError:
-        if options.objective_bound is not None:
-            raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
-        return None
-    except InfeasibleError:
-        return None  # the budgeted solve says why
-    if free.time_limited or problem.predicted_peak(free.assignment)[0] > budget:
-        return None
-    return free
+def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> Solution | None:
+    """The budgeted optimum found by adding memory rows lazily, or None (then the caller solves
+    with all rows): round 0 solves without memory rows; each round adds the rows its plan breaks
+    and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
+    it is optimal for a relaxation (fewer rows) and feasible. Only finished solves count (a
+    time-limited one, an infeasible relaxation or ``MAX_ROW_ROUNDS`` rounds give None), so the
+    result does not depend on the machine."""
+    ilp = problem.ilp
+    start, n = int(ilp.linear_row_start), int(ilp.num_rows)
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(n, int(ilp.num_cols)))
+    rows, upper = a[start:, :].tocsr(), np.asarray(ilp.row_upper)[start:]
+    active = np.zeros(n - start, dtype=bool)
+    for round_ in range(MAX_ROW_ROUNDS + 1):
+        try:
+            solution = solve_ilp(ilp, options, drop_rows=np.flatnonzero(~active) + start)
+        except SolverError:
+            if options.objective_bound is not None:
+                raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
+            return None
+        except InfeasibleError:
+            return None  # the full solve says why
+        if solution.time_limited:
+            return None
+        x = np.zeros(int(ilp.num_cols))
+        x[:] = solution.x
+        broken = (rows @ x > upper * (1 + 1e-9) + 1e-6) & ~active
+        if not broken.any():
+            log.info("alpa_pass: mesh %s: budgeted optimum after %d row rounds with %d of %d memory rows",
+                     where, round_, int(active.sum()), active.size)
+            return solution
+        active |= broken
+    return None
 
 
 def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarray:

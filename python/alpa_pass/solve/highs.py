@@ -45,16 +45,14 @@ class Solution:
     log: str = ""
 
 
-def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_linear_rows: bool = False,
-              drop_rows=None) -> Solution:
+def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_rows=None) -> Solution:
     """Solve ``problem`` (an ``alpa_pass._core.IlpProblem``).
 
     ``start``: optional strategy index per ILP group, a feasible assignment handed to HiGHS as its
     first incumbent (every group column given; HiGHS completes the edge columns), so the result is
     never worse than ``start`` (ValueError if it has the wrong length or an index out of range).
-    ``drop_linear_rows``: solve without the problem's linear rows (the memory budget rows, from
-    ``linear_row_start`` on): the relaxation whose optimum, if it meets them, is the optimum.
-    ``drop_rows``: indices of rows to leave out (rows the caller proved redundant).
+    ``drop_rows``: indices of rows to leave out (redundant rows, or a relaxation's: memory rows
+    added lazily, ``driver.budget``).
 
     Raises:
       InfeasibleError: HiGHS proved the problem infeasible.
@@ -79,8 +77,6 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         h.setOptionValue("mip_max_nodes", int(options.node_limit))
     _pass_model(h, problem, highspy)
     rows = np.asarray([] if drop_rows is None else drop_rows, dtype=np.int32)
-    if drop_linear_rows and problem.linear_row_start < problem.num_rows:
-        rows = np.arange(problem.linear_row_start, problem.num_rows, dtype=np.int32)
     if rows.size:
         h.deleteRows(len(rows), np.unique(rows))
     if start is not None:
