@@ -35,6 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--mesh", default="8x8")
     p.add_argument("--time-limit", type=float, default=600.0, help="solver time limit (s)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "budget"))
+    p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
     return p.parse_args(argv)
 
 
@@ -76,6 +77,11 @@ def main(argv=None) -> int:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, ROOT)
+    if args.log:
+        import logging
+
+        logging.basicConfig(format="%(asctime)s %(message)s")
+        logging.getLogger("alpa_pass").setLevel(logging.INFO)
     import jax
 
     from zoo import gpt

@@ -23,7 +23,7 @@ from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
 from alpa_pass.emit.targets import plan_axis_order
-from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError
+from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError, SolverError
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
@@ -167,8 +167,16 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
             raise
         # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
         log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
-        return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
-                           timings, progress, pins, pinned_uses, tied_infeasible=e)
+        try:
+            return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
+                               timings, progress, pins, pinned_uses, tied_infeasible=e)
+        except SolverError as untied:
+            smallest = getattr(e, "smallest_feasible_bytes", None)
+            if smallest is None:
+                raise
+            # the untied ILP (far larger) stopped without a plan (a limit, not a proof): the tied
+            # least-memory plan is still the smallest budget known to be feasible: name it
+            raise infeasible_error(where, option.memory_budget_per_device, smallest, None) from untied
     timings["solve"] = solution.solve_time_s
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:
