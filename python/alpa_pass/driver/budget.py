@@ -50,14 +50,14 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     """
     budgeted = budget is not None and problem.num_memory_rows > 0
     redundant = None
-    if budgeted:
-        found = _solve_with_row_generation(problem, options, where)
-        if found is not None:
-            return found
-        redundant = redundant_memory_rows(problem.ilp)
-        log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
-                 len(redundant), problem.num_memory_rows)
     try:
+        if budgeted:
+            found = _solve_with_row_generation(problem, options, where)
+            if found is not None:
+                return found
+            redundant = redundant_memory_rows(problem.ilp)
+            log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
+                     len(redundant), problem.num_memory_rows)
         return solve_ilp(problem.ilp, options, drop_rows=redundant)
     except (InfeasibleError, SolverError) as e:
         if not budgeted:
@@ -80,9 +80,9 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> So
     """The budgeted optimum found by adding memory rows lazily, or None (then the caller solves
     with all rows): round 0 solves without memory rows; each round adds the rows its plan breaks
     and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
-    it is optimal for a relaxation (fewer rows) and feasible. Only finished solves count (a
-    time-limited one, an infeasible relaxation or ``MAX_ROW_ROUNDS`` rounds give None), so the
-    result does not depend on the machine."""
+    it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
+    the ILP has none (InfeasibleError). Only finished solves count (a time-limited one or
+    ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
     ilp = problem.ilp
     start, n = int(ilp.linear_row_start), int(ilp.num_rows)
     a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
@@ -96,9 +96,9 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> So
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
             return None
-        except InfeasibleError:
-            return None  # the full solve says why
+        # an InfeasibleError propagates: a relaxation with no plan proves the full ILP has none
         if solution.time_limited:
+            log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None
         x = np.zeros(int(ilp.num_cols))
         x[:] = solution.x
@@ -108,6 +108,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> So
                      where, round_, int(active.sum()), active.size)
             return solution
         active |= broken
+        log.info("alpa_pass: mesh %s: row round %d broke %d memory rows (%d in the ILP now)", where, round_,
+                 int(broken.sum()), int(active.sum()))
     return None
 
 
