@@ -8,7 +8,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import redundant_memory_rows, solve_within_budget
+from alpa_pass.driver.budget import redundant_memory_rows, row_wise_lower_bound, solve_within_budget
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph
 
@@ -191,6 +191,19 @@ def test_dropping_dominated_memory_rows_keeps_the_optimum():
         sol = solve_ilp(prob, SolveOptions(rel_gap=0.0), drop_rows=redundant_memory_rows(prob))
         assert not _core.evaluate(prob, sol.assignment).violations
         assert sol.objective == pytest.approx(min(_core.evaluate(prob, a).objective for a in feasible))
+
+
+def test_row_wise_lower_bound():
+    """Each row at its own minimum: a group counts only where all its strategies are in the row."""
+    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
+    big = (np.array([0, 0, 1, 1, 1]), np.array([0, 1, 0, 1, 2]), np.array([10.0, 4.0, 6.0, 2.0, 3.0]))
+    part = (np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([7.0, 8.0, 9.0]))
+    prob = _core.build_ilp(groups, [], rows=[(*big, -np.inf, 100.0), (*part, -np.inf, 100.0)])
+    assert row_wise_lower_bound(prob) == pytest.approx(max(4.0 + 2.0, 7.0))
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
+    assert 0 < row_wise_lower_bound(prob.ilp) <= least
 
 
 def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch):

@@ -73,7 +73,7 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
             if isinstance(e, InfeasibleError):
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp, options, start=assignment, drop_rows=redundant)  # never worse than it
-        raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options)) from e
+        raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
 def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> Solution | None:
@@ -180,13 +180,43 @@ def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
     return None if found is None else found[0]
 
 
-def memory_lower_bound(problem, options: SolveOptions) -> float | None:
+def memory_lower_bound(problem, options: SolveOptions, budget: float | None = None) -> float | None:
     """A proven lower bound on the per-device peak of every plan of ``problem`` (memory rows
-    needed): the LP relaxation of ``_core.min_max_row_problem``. Deterministic (no branching, no
-    incumbent); None if the LP does not solve (time limit)."""
+    needed): :func:`row_wise_lower_bound` (closed form) and, unless that already exceeds
+    ``budget``, the LP relaxation of ``_core.min_max_row_problem`` (the larger of the two).
+    Deterministic (no branching, no incumbent); the LP part is left out if it does not solve
+    (time limit)."""
     if problem.num_memory_rows == 0:
         return None
-    return lp_bound(_core.min_max_row_problem(problem.ilp), options)
+    cheap = row_wise_lower_bound(problem.ilp)
+    if budget is not None and cheap > budget:
+        return cheap
+    lp = lp_bound(_core.min_max_row_problem(problem.ilp), options)
+    return cheap if lp is None else max(cheap, lp)
+
+
+def row_wise_lower_bound(ilp) -> float:
+    """max over memory rows of the sum over ILP groups of the group's least coefficient in the
+    row (0 unless every strategy of the group appears in it): each row at its own minimum, with
+    every group free, so no plan (tied or not, any edges) has a peak below it."""
+    start = int(ilp.linear_row_start)
+    if start >= ilp.num_rows:
+        return 0.0
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(int(ilp.num_rows), int(ilp.num_cols)))
+    groups = np.asarray(ilp.group_var_start, dtype=np.int64)
+    m = a[start:, groups[0]:groups[-1]].tocoo()
+    group = np.searchsorted(groups, m.col + groups[0], side="right") - 1
+    sizes = np.diff(groups)
+    key = m.row.astype(np.int64) * len(sizes) + group
+    order = np.argsort(key, kind="stable")
+    key, value = key[order], m.data[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    least = np.minimum.reduceat(value, first)
+    count = np.diff(np.r_[first, key.size])
+    full = count == sizes[key[first] % len(sizes)]
+    per_row = np.bincount(key[first][full] // len(sizes), weights=least[full], minlength=m.shape[0])
+    return float(per_row.max()) if per_row.size else 0.0
 
 
 def _gib(nbytes: float) -> str:

@@ -193,13 +193,14 @@ def _check_untied_bound(problem, option: AutoShardingOption, where: str, tied: I
     """Raise ``tied`` again (with the bound) if no untied plan can meet the budget either.
 
     Untying repeated layers lets each layer copy take its own layout, so the untied problem's
-    least peak can be below the tied one's (``tied.smallest_feasible_bytes``) but never below the
-    LP relaxation of its min-max-memory problem: when that bound exceeds the budget, no plan
-    fits, proven without solving the (much larger) untied ILP. Otherwise the untied ILP decides.
+    least peak can be below the tied one's (``tied.smallest_feasible_bytes``) but never below
+    ``driver.budget.memory_lower_bound`` (every row at its own minimum; else the LP relaxation of
+    its min-max-memory problem): when that bound exceeds the budget, no plan fits, proven
+    without solving the (much larger) untied ILP. Otherwise the untied ILP decides.
     """
     budget = option.memory_budget_per_device
     smallest = getattr(tied, "smallest_feasible_bytes", None)
-    lower = memory_lower_bound(problem, option.solve_options())
+    lower = memory_lower_bound(problem, option.solve_options(), budget)
     log.info("alpa_pass: untied plans' memory lower bound on mesh %s: %s bytes (budget %d)", where, lower, budget)
     if smallest is not None and lower is not None and lower > budget:
         raise infeasible_error(where, budget, smallest, lower, " (with or without repeated layers tied)") from tied
