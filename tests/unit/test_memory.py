@@ -208,7 +208,7 @@ def test_row_wise_lower_bound():
 
 def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch):
     """Row generation: a budget the free optimum meets is one solve with no memory row; at every
-    binding budget the result is the brute-force optimum, reached with fewer rows than all."""
+    binding budget the result is the brute-force optimum (the free solve first, then with rows)."""
     from alpa_pass.driver import budget as budget_module
 
     free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
