@@ -78,13 +78,15 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--skip-gpt", action="store_true")
+    parser.add_argument("--skip-gpt", action="store_true", help="only the stage DP (seconds)")
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"),
+                        help="folder of the JSON (created; default benchmarks/results)")
     args = parser.parse_args()
     result = {"config": vars(args), "stage_dp": bench_stage_dp()}
     if not args.skip_gpt:
         result["gpt_step_time"] = bench_gpt(args)
     print(json.dumps(result, indent=2))
-    results = pathlib.Path(__file__).parent / "results"
+    results = pathlib.Path(args.out)
     results.mkdir(parents=True, exist_ok=True)
     out = results / f"pipeline_L{args.layers}_H{args.hidden}_{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))

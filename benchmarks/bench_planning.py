@@ -9,6 +9,13 @@ Not a test: never collected by pytest.
     python benchmarks/bench_planning.py --no-tie-layers      # one ILP group per layer copy
     python benchmarks/bench_planning.py --suite alpa         # Alpa's GPT cases, plan only
     python benchmarks/bench_planning.py --suite alpa --compile   # + compile 39B for 64 CPU devices
+    python benchmarks/bench_planning.py --suite small        # small programs: target <= 2 s each
+
+The ``small`` suite (issue 14: small programs plan fast) plans the 3-layer test MLP and the 2-layer
+test GPT (zoo/) on 2x4 and 2x2x2 with the default options and prints, per case, the planning time
+(trace to plan) and the deterministic work: ILP columns, rows, B&B nodes and simplex iterations of
+the main solve and of the unmerged refinement. Timings on a loaded machine are not comparable; the
+counts are.
 
 The ``alpa`` suite (Alpa's GPT sizes, seq 1024, vocab 51200, batch 64; benchmarks/models/gpt_sizes):
 1.3B on 1x4 and 2x4, 6.7B on 2x8, 39B on 8x8. ``--compile`` then compiles the 39B plan in a
@@ -26,11 +33,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
+SMALL_SUITE = (("mlp3", "2x4"), ("mlp3", "2x2x2"), ("gpt2", "2x4"), ("gpt2", "2x2x2"))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("alpa",), default=None, help="run a fixed set of cases")
+    p.add_argument("--suite", choices=("alpa", "small"), default=None, help="run a fixed set of cases")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)
@@ -46,7 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true",
                    help="with --suite: also compile the largest case for its fake CPU devices")
     p.add_argument("--compile-timeout", type=float, default=3600.0, help="seconds for --compile")
-    p.add_argument("--time-limit", type=float, default=600.0, help="solver time limit (s)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="opt-in solver wall-clock limit (s); default none: solves are bounded by nodes")
     p.add_argument("--json", default=None, help="write the result to this file (single case)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
@@ -82,14 +91,14 @@ def tie_stats(graph, mesh, option) -> dict:
     from alpa_pass.driver.planning import core_graph
 
     t = time.perf_counter()
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), [],
+    problem = _core.build_sharding_problem(core_graph(graph), option.core_mesh(mesh), option.to_core(), [],
                                            list(graph.donated_args))
     stats = dict(problem.repeat_stats)
     stats["build_s"] = time.perf_counter() - t
     return stats
 
 
-def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit=600.0) -> dict:
+def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit=None) -> dict:
     """Plan (and with compile_ emit + compile) one GPT train step; the result as a JSON-ready dict."""
     import jax
 
@@ -197,7 +206,9 @@ def compile_in_subprocess(size: str, mesh: str, args) -> dict:
     path = os.path.join(args.out, f"compile_gpt_{size}_{mesh}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--layers", str(c.layers), "--hidden", str(c.hidden),
            "--heads", str(c.heads), "--seq", str(c.seq), "--vocab", str(c.vocab), "--batch", str(c.batch),
-           "--mesh", mesh, "--time-limit", str(args.time_limit), "--json", path, "--out", args.out]
+           "--mesh", mesh, "--json", path, "--out", args.out]
+    if args.time_limit is not None:
+        cmd += ["--time-limit", str(args.time_limit)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     t = time.perf_counter()
     try:
@@ -234,8 +245,69 @@ def run_suite(args) -> int:
     return 0
 
 
+def _counting_solves():
+    """Patch ``solve_ilp`` where the planner calls it to record each solve's deterministic work
+    (B&B nodes, simplex iterations) from HiGHS's log; returns the list the records go to."""
+    import re
+
+    from alpa_pass.driver import budget, refine
+    from alpa_pass.solve import highs
+
+    records = []
+
+    def counted(problem, options=highs.SolveOptions(), start=None):
+        import dataclasses
+
+        solution = highs.solve_ilp(problem, dataclasses.replace(options, keep_log=True), start=start)
+        nodes = re.search(r"^\s*Nodes\s+(\d+)", solution.log, re.M)
+        iters = re.search(r"^\s*LP iterations\s+(\d+)", solution.log, re.M)
+        records.append({"columns": int(problem.num_cols), "rows": int(problem.num_rows),
+                        "nodes": int(nodes.group(1)) if nodes else 0,
+                        "lp_iterations": int(iters.group(1)) if iters else 0,
+                        "status": solution.status, "solve_s": solution.solve_time_s})
+        return solution
+
+    budget.solve_ilp = refine.solve_ilp = counted
+    return records
+
+
+def run_small(args) -> int:
+    """Plan each SMALL_SUITE case (default options, abstract inputs); print time and work."""
+    _setup_devices(8)
+    import jax
+
+    import alpa_pass as ap
+    from zoo import default_optimizer, gpt, init_state, mlp
+
+    records = _counting_solves()
+    results = []
+    for name, mesh in SMALL_SUITE:
+        model, config = (mlp, mlp.Config(num_layers=3)) if name == "mlp3" else (gpt, gpt.Config(layers=2))
+        optimizer = default_optimizer()
+        step = model.make_train_step(optimizer) if model is mlp else model.make_train_step(optimizer, config)
+        state = jax.eval_shape(lambda: init_state(model.init(jax.random.key(0), config), optimizer))
+        batch = jax.eval_shape(lambda: model.make_batch(jax.random.key(1), config))
+        records.clear()
+        method = ap.ShardParallel(mesh=ap.LogicalMesh(shape=_mesh_shape(mesh)), option=ap.AutoShardingOption())
+        t = time.perf_counter()
+        plan = ap.parallelize(step, method=method).plan(state, batch)
+        wall = time.perf_counter() - t
+        result = {"case": f"{name} on {mesh}", "plan_s": wall, "objective": plan.objective,
+                  "timings_s": dict(plan.timings), "refinement": dict(plan.refinement), "solves": list(records)}
+        results.append(result)
+        work = "; ".join(f"{r['columns']} cols x {r['rows']} rows: {r['nodes']} nodes, {r['lp_iterations']} "
+                         f"LP iterations [{r['status']}]" for r in records)
+        print(f"{result['case']:<16} plan {wall:6.2f} s  objective {plan.objective:.6g}  "
+              f"({plan.refinement['solve']} plan)  solves: {work}", flush=True)
+    print("wrote " + _write({"suite": "small", "cpus": os.cpu_count(), "jax": jax.__version__, "cases": results},
+                            args.out, "planning_suite_small"))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.suite == "small":
+        return run_small(args)
     return run_suite(args) if args.suite else run_single(args)
 
 

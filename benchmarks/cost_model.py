@@ -43,7 +43,7 @@ class CostModel:
         lowered = lower(fn, args)
         self.graph = extract_graph(lowered.compiler_ir("stablehlo"))
         ties = node_ties(self.graph, args, lowered.out_info) if option.tie_outputs_to_inputs else []
-        self.problem = _core.build_sharding_problem(core_graph(self.graph), mesh.to_core(),
+        self.problem = _core.build_sharding_problem(core_graph(self.graph), option.core_mesh(mesh),
                                                     option.to_core(), list(ties))
         self.mesh, self.option = mesh, option
 
@@ -103,14 +103,15 @@ class _Bounds:
         return getattr(self._ilp, name)
 
 
-def _solve(ilp, col_upper: np.ndarray, time_limit_s: float) -> Solution | None:
+def _solve(ilp, col_upper: np.ndarray, time_limit_s: float | None) -> Solution | None:
     """HiGHS on ``ilp`` with ``col_upper``; None when it finds no feasible assignment."""
     import highspy
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("time_limit", float("inf") if time_limit_s is None else float(time_limit_s))
     h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
     _pass_model(h, _Bounds(ilp, col_upper), highspy)
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
@@ -120,7 +121,8 @@ def _solve(ilp, col_upper: np.ndarray, time_limit_s: float) -> Solution | None:
     assignment = np.asarray(_core.decode_assignment(ilp, x), dtype=np.int64)
     result = _core.evaluate(ilp, assignment)
     return Solution(assignment=assignment, x=x, objective=float(result.objective), status=status,
-                    optimal=status == "Optimal", mip_gap=float(h.getInfo().mip_gap), solve_time_s=0.0)
+                    optimal=status == "Optimal", mip_gap=float(h.getInfo().mip_gap),
+                    time_limited=status == "Time limit reached", solve_time_s=0.0)
 
 
 def flat_arg_specs(specs_tree) -> list:

@@ -11,6 +11,7 @@ median step time and the first loss against single-device ``jax.jit`` on rank 0'
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -70,12 +71,19 @@ def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: li
 
 
 def main(argv: list[str]) -> None:
-    out, suite, size, mesh_text = argv[:4]
-    repeats = int(argv[4]) if len(argv) > 4 else 5
-    methods = argv[5].split(",") if len(argv) > 5 else ["dp"]
-    result = run(suite, size, tuple(int(n) for n in mesh_text.split("x")), repeats, methods)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="JSON file rank 0 writes (its folder is created)")
+    p.add_argument("suite", choices=("gpt", "moe", "wresnet"))
+    p.add_argument("size", help="'small' or one of Alpa's sizes")
+    p.add_argument("mesh", help="global mesh, e.g. 2x4")
+    p.add_argument("repeats", nargs="?", type=int, default=5, help="timed steps (median)")
+    p.add_argument("methods", nargs="?", default="dp", help="comma-separated baselines")
+    args = p.parse_args(argv)
+    result = run(args.suite, args.size, tuple(int(n) for n in args.mesh.split("x")), args.repeats,
+                 args.methods.split(","))
     if jax.process_index() == 0:
-        with open(out, "w") as f:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 
 

@@ -43,7 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--unmerged", choices=("auto", "on", "off"), default="auto",
                    help="evaluate baselines follower merging cannot express in the unmerged ILP "
                         "(auto: small sizes only; the unmerged ILP of a large model is slow)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit (s)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="opt-in solver wall-clock limit (s); default none: solves are bounded by nodes")
+    p.add_argument("--profile", default=None,
+                   help="plan and cost with a measured profile (`alpa-pass profile`): a JSON path or 'auto'")
     p.add_argument("--case-timeout", type=float, default=None,
                    help="run each case in a child process killed after this many seconds "
                         "(default: 600 when several sizes are given, else none)")
@@ -131,7 +134,8 @@ def run_one(args, shape) -> int:
     mesh = ap.LogicalMesh(shape=shape, beta=beta)
     run = not args.no_run and (args.size == "small" or args.gpu)
     unmerged = {"on": True, "off": False, "auto": args.size == "small"}[args.unmerged]
-    result = cases.run_case(args.suite, args.size, mesh, ap.AutoShardingOption(solver_time_limit_s=args.time_limit),
+    result = cases.run_case(args.suite, args.size, mesh, ap.AutoShardingOption(solver_time_limit_s=args.time_limit,
+                                                                               profile=args.profile),
                             methods=args.methods.split(",") if args.methods else None, run=run,
                             repeats=args.repeats, unmerged=unmerged)
     if args.gpu:
@@ -146,9 +150,11 @@ def run_child(args, size: str, timeout: float) -> int:
     """``run_one`` for ``size`` in a child process; past ``timeout`` s it is killed and a JSON
     saying so (with the last lines it printed) is written in its place."""
     argv = [sys.executable, os.path.abspath(__file__), args.suite, "--size", size, "--repeats", str(args.repeats),
-            "--unmerged", args.unmerged, "--time-limit", str(args.time_limit), "--out", args.out]
+            "--unmerged", args.unmerged, "--out", args.out]
+    if args.time_limit is not None:
+        argv += ["--time-limit", str(args.time_limit)]
     for flag, value in (("--mesh", args.mesh), ("--beta", args.beta), ("--batch", args.batch),
-                        ("--methods", args.methods), ("--report-dir", args.report_dir)):
+                        ("--methods", args.methods), ("--report-dir", args.report_dir), ("--profile", args.profile)):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--no-run"] * args.no_run + ["--gpu"] * args.gpu

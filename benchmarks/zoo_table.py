@@ -6,6 +6,7 @@ compiles of the step plugin/plain | parameter leaves on all 8 devices | largest 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -39,10 +40,14 @@ def run(script: str, plugin: bool) -> tuple[dict, dict]:
     return json.loads(lines[-2]), json.loads(lines[-1][len("ALPA_PASS_RUN "):])
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="comma-separated script names (default: all), e.g. train_flax.py")
+    args = p.parse_args(argv)
+    zoo = ZOO if args.only is None else {k: v for k, v in ZOO.items() if v in args.only.split(",")}
     print("| library | planned | step compiles plugin/plain | leaves on 8 devices | max loss diff (rel) |")
     print("|---|---|---|---|---|")
-    for library, script in ZOO.items():
+    for library, script in zoo.items():
         try:
             (plain, plain_run), (out, out_run) = run(script, False), run(script, True)
         except RuntimeError as e:

@@ -1,6 +1,7 @@
-"""Small models in plain jax + optax (no flax), shared by tests/, benchmarks/ and examples/.
+"""Small models in plain jax + optax (``zoo.gpt_scan`` also in flax linen), shared by tests/, benchmarks/
+and examples/.
 
-Every model module (``zoo.gpt``, ``zoo.mlp``, ``zoo.moe``) exposes the same four functions:
+Every model module (``zoo.gpt``, ``zoo.gpt_scan``, ``zoo.mlp``, ``zoo.moe``) exposes the same four functions:
 
   ``init(key, config) -> params``                      a pytree of f32 arrays
   ``loss_fn(params, batch) -> scalar``                 f32 loss (default config)

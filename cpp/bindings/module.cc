@@ -375,13 +375,16 @@ void bind_problem(nb::module_& m) {
         "pinned"_a = std::vector<std::pair<int64_t, Spec>>{},
         "pinned_uses"_a = std::vector<int64_t>{},
         "node_weights"_a = std::vector<double>{},
+        "comm_weights"_a = std::vector<double>{},
         "ties: node pairs whose result specs must be equal.\n"
         "donated_args: flat entry-argument indices whose buffers may be reused.\n"
         "pinned: (node, spec) pairs; the node may only take strategies whose result spec equals\n"
         "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).\n"
         "pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding\n"
         "on their out-edges); users that cannot are left free (unpinned_uses).\n"
-        "node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).");
+        "node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).\n"
+        "comm_weights: empty, or a factor >= 0 per node for its own communication cost in place\n"
+        "of its node weight (a loop-accumulated gradient dot: reduced once after the loop).");
 }
 
 void bind_ilp(nb::module_& m) {

@@ -67,19 +67,21 @@ struct Assembler {
   const Graph& g;
   const Mesh& mesh;
   ShardingProblem& p;
-  const std::vector<double>& weights;  // empty or one cost factor per node
+  const std::vector<double>& weights;       // empty or one cost factor per node
+  const std::vector<double>& comm_weights;  // empty or one factor per node for its own comm
   std::vector<std::vector<double>> group_costs;
   std::vector<IlpEdge> edges;
   std::unordered_map<uint64_t, size_t> edge_of_pair;  // (lo group << 32 | hi group) -> edge
 
   double weight(int64_t v) const { return weights.empty() ? 1.0 : weights[v]; }
+  double comm_weight(int64_t v) const { return comm_weights.empty() ? weight(v) : comm_weights[v]; }
 
   void add_group_costs() {
     for (int64_t v = 0; v < g.num_nodes(); ++v) {
       std::vector<double>& cost = group_costs[p.node_group[v]];
       const auto& list = p.nodes[v].list;
-      const double w = weight(v);
-      for (size_t k = 0; k < list.size(); ++k) cost[k] += w * (list[k].compute + list[k].comm);
+      const double w = weight(v), wc = comm_weight(v);
+      for (size_t k = 0; k < list.size(); ++k) cost[k] += w * list[k].compute + wc * list[k].comm;
     }
   }
 
@@ -252,17 +254,21 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const std::vector<int64_t>& donated_args,
                                        const std::vector<std::pair<int64_t, Spec>>& pinned,
                                        const std::vector<int64_t>& pinned_uses,
-                                       const std::vector<double>& node_weights) {
+                                       const std::vector<double>& node_weights,
+                                       const std::vector<double>& comm_weights) {
   graph.validate();
   mesh.validate();
   const int64_t n = graph.num_nodes();
-  if (!node_weights.empty() && static_cast<int64_t>(node_weights.size()) != n) {
-    throw std::invalid_argument("node_weights has " + std::to_string(node_weights.size()) +
-                                " entries for a graph of " + std::to_string(n) + " nodes");
-  }
-  for (double w : node_weights) {
-    if (!(w >= 0.0) || !std::isfinite(w)) {
-      throw std::invalid_argument("node_weights must be finite and >= 0, got " + std::to_string(w));
+  for (const auto* ws : {&node_weights, &comm_weights}) {
+    const std::string what = ws == &node_weights ? "node_weights" : "comm_weights";
+    if (!ws->empty() && static_cast<int64_t>(ws->size()) != n) {
+      throw std::invalid_argument(what + " has " + std::to_string(ws->size()) +
+                                  " entries for a graph of " + std::to_string(n) + " nodes");
+    }
+    for (double w : *ws) {
+      if (!(w >= 0.0) || !std::isfinite(w)) {
+        throw std::invalid_argument(what + " must be finite and >= 0, got " + std::to_string(w));
+      }
     }
   }
   ShardingProblem p;
@@ -290,7 +296,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     p.repeat = tie_repeated_groups(graph, p.nodes, find_repeats(graph), p.node_group, group_size);
     num_groups = static_cast<int64_t>(group_size.size());
   }
-  Assembler as{graph, mesh, p, node_weights, {}, {}, {}};
+  Assembler as{graph, mesh, p, node_weights, comm_weights, {}, {}, {}};
   as.group_costs.resize(num_groups);
   for (int64_t gi = 0; gi < num_groups; ++gi) as.group_costs[gi].assign(group_size[gi], 0.0);
   as.add_group_costs();

@@ -16,10 +16,15 @@ bool has(const std::vector<Dims>& indexed, int64_t u, int64_t d) {
 }
 
 // Result dims of a reshape in a group of consecutive dims (equal products on both sides) that
-// holds an indexed operand dim; where the groups cannot be matched (zero-size dims), every result
-// dim from there on.
-void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, const Dims& from,
+// holds an indexed operand dim of size > 1; where the groups cannot be matched (zero-size dims),
+// every result dim from there on. A size-1 indexed dim picks one index and is dropped by the
+// reshape (a scan's per-iteration slice [1, B, ...] -> [B, ...]): the dims it merges with are whole.
+void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, const Dims& indexed,
                   DimSet& to) {
+  Dims from;
+  for (int64_t d : indexed) {
+    if (d >= static_cast<int64_t>(in.size()) || in[d] != 1) from.push_back(d);
+  }
   if (from.empty()) return;
   auto any_from = [&](size_t lo, size_t hi) {
     return std::any_of(from.begin(), from.end(),

@@ -33,6 +33,7 @@ _EXPORTS = {
     "Executable": "alpa_pass.runtime.executable",
     "save_checkpoint": "alpa_pass.checkpoint", "restore_checkpoint": "alpa_pass.checkpoint",
     "CheckpointError": "alpa_pass.errors",
+    "profile_cluster": "alpa_pass.tools.profile",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names directly
                                   EmitError, ExtractError, InfeasibleError, MeshError, OptionError,
                                   PlanMismatchError, ShardingError, SolverError, TraceError)
     from alpa_pass.mesh import LogicalMesh  # noqa: F401
+    from alpa_pass.tools.profile import profile_cluster  # noqa: F401
     from alpa_pass.methods.create_state import CreateStateParallel  # noqa: F401
     from alpa_pass.methods.follow import FollowParallel  # noqa: F401
     from alpa_pass.methods.pipeshard import PipeshardParallel  # noqa: F401

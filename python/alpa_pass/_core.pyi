@@ -449,7 +449,7 @@ class ShardingProblem:
         Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, classes_skipped, groups_before, groups_after (repeat.h).
         """
 
-def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], pinned_uses: Sequence[int] = [], node_weights: Sequence[float] = []) -> ShardingProblem:
+def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], pinned_uses: Sequence[int] = [], node_weights: Sequence[float] = [], comm_weights: Sequence[float] = []) -> ShardingProblem:
     """
     ties: node pairs whose result specs must be equal.
     donated_args: flat entry-argument indices whose buffers may be reused.
@@ -458,6 +458,8 @@ def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties:
     pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding
     on their out-edges); users that cannot are left free (unpinned_uses).
     node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).
+    comm_weights: empty, or a factor >= 0 per node for its own communication cost in place
+    of its node weight (a loop-accumulated gradient dot: reduced once after the loop).
     """
 
 class IlpProblem:

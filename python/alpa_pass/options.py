@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from alpa_pass import _core, _sizes
+from alpa_pass import _core, _sizes, cost_profile
 from alpa_pass.errors import OptionError
 from alpa_pass.solve.highs import SolveOptions
 
@@ -36,9 +36,19 @@ class AutoShardingOption:
         InfeasibleError naming the smallest budget the planner estimates feasible.
       merge_followers: merge elementwise/transpose/reduce ops into the op they follow (smaller ILP).
       replicate_below_numel: tensors with at most this many elements are computed replicated.
-      solver_time_limit_s: HiGHS time limit; the best plan found by then is used (the gap is reported).
+      solver_time_limit_s: a wall-clock limit (seconds) on each HiGHS solve, opt-in (``None``, the
+        default: no limit). A plan is a function of (program, mesh, options, versions) only when
+        no solve hits it: a solve stopped by the clock keeps its best plan so far, which depends on
+        machine speed and load (``plan.solver_status == "Time limit reached"``, a warning; the
+        processes of a ``mpirun`` job may then diverge: ``PlanDivergedError``).
+      solver_node_limit: the deterministic bound on each HiGHS solve: branch-and-bound nodes
+        (HiGHS ``mip_max_nodes``). A solve stopped by it keeps its best plan (``plan.mip_gap``
+        says how far from optimal it may be; status "Solution limit reached"), the same plan on
+        any machine; ``None``: no limit. Every ILP of the test suite and the benchmarks solves
+        to optimality well under the default.
       solver_rel_gap: HiGHS relative MIP gap at which to stop.
-      solver_threads: HiGHS threads (1 keeps results deterministic).
+      solver_threads: HiGHS threads (1, the default, keeps results deterministic: HiGHS then runs
+        with a fixed random seed on one thread; more threads may change which optimum is returned).
       solver_log: print HiGHS's log to the terminal.
       solver_objective_bound: stop a solve as soon as HiGHS proves no plan beats this objective
         (SolverError "cannot beat"); the mesh search sets it to the best objective found so far.
@@ -65,13 +75,21 @@ class AutoShardingOption:
         worse, ``plan.refinement`` records both objectives). True: always; False: never; "auto":
         when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns. The solve
         stops at ``refine_node_limit`` branch-and-bound nodes (the same plan on any machine); one
-        stopped first by ``solver_time_limit_s`` is discarded on "auto" and kept (its incumbent,
-        ``plan.refinement["time_limited"]``) when forced.
+        stopped first by an opt-in ``solver_time_limit_s`` is discarded on "auto" and kept (its
+        incumbent, ``plan.refinement["time_limited"]``) when forced.
       refine_node_limit: branch-and-bound nodes of the refinement solve (a deterministic bound).
       device_memory_fraction: with ``memory_budget_per_device=None``, plans on GPU/TPU devices get
         this fraction of the device's memory (``memory_stats()["bytes_limit"]``) as their budget
         (``driver.budget.resolve_budget``; ``plan.memory_budget`` says which budget was used);
         ``None``: no budget unless one is given. CPU devices get no budget unless one is given.
+      profile: a measured cluster profile to plan with (``alpa-pass profile`` writes one): a path
+        to its JSON (read when the option is made), its dict, or ``"auto"`` = the cached profile of
+        the cluster planned on (``~/.cache/alpa_pass/profiles/<cluster key>.json``, read when a
+        plan is requested; none there: a warning and unit costs). With a profile each mesh axis
+        costs the measured alpha/beta (the LogicalMesh's alpha/beta are not used),
+        ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
+        scaled by the profile's median beta, and the objective is in seconds. The profile's
+        content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -80,7 +98,8 @@ class AutoShardingOption:
     memory_budget_per_device: int | None = None
     merge_followers: bool = True
     replicate_below_numel: int = 1
-    solver_time_limit_s: float = 60.0
+    solver_time_limit_s: float | None = None
+    solver_node_limit: int | None = 10_000
     solver_rel_gap: float = 1e-4
     solver_threads: int = 1
     solver_log: bool = dataclasses.field(default=False, metadata=_SHOWN_ONLY)
@@ -94,8 +113,10 @@ class AutoShardingOption:
     refine_unmerged: bool | str = "auto"
     refine_node_limit: int = 1000
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
+    profile: "str | dict | cost_profile.ClusterProfile | None" = None
 
     def __post_init__(self):
+        object.__setattr__(self, "profile", cost_profile.normalize(self.profile))
         if isinstance(self.memory_budget_per_device, str):
             object.__setattr__(self, "memory_budget_per_device", _sizes.parse_bytes(
                 self.memory_budget_per_device, "AutoShardingOption.memory_budget_per_device", OptionError))
@@ -104,8 +125,14 @@ class AutoShardingOption:
                              f"got {self.refine_unmerged!r}")
         if self.emit not in ("all", "anchors"):
             raise OptionError(f"AutoShardingOption.emit must be 'all' or 'anchors', got {self.emit!r}")
-        if self.solver_time_limit_s <= 0:
-            raise OptionError(f"AutoShardingOption.solver_time_limit_s must be > 0, got {self.solver_time_limit_s}")
+        if self.solver_time_limit_s is not None and not self.solver_time_limit_s > 0:
+            raise OptionError(f"AutoShardingOption.solver_time_limit_s must be > 0 or None (no wall-clock "
+                              f"limit), got {self.solver_time_limit_s}")
+        if self.solver_node_limit is not None and (isinstance(self.solver_node_limit, bool) or
+                                                   not isinstance(self.solver_node_limit, int) or
+                                                   self.solver_node_limit < 1):
+            raise OptionError(f"AutoShardingOption.solver_node_limit must be an int >= 1 or None, "
+                              f"got {self.solver_node_limit!r}")
         if not 0 <= self.solver_rel_gap < 1:
             raise OptionError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
         if self.compute_cost_per_flop < 0 or self.memory_cost_per_byte < 0:
@@ -135,20 +162,33 @@ class AutoShardingOption:
         opts.allow_replicated_heavy_ops = self.allow_replicated_heavy_ops
         opts.compute_cost_per_flop = self.compute_cost_per_flop
         opts.memory_cost_per_byte = self.memory_cost_per_byte
+        profile = cost_profile.resolve(self.profile)
+        if profile is not None:  # objective in seconds: measured compute, the tie-breaker rescaled
+            opts.compute_cost_per_flop = profile.seconds_per_flop
+            opts.memory_cost_per_byte = self.memory_cost_per_byte * profile.reference_beta
         opts.memory_budget_per_device = float(self.memory_budget_per_device or 0)
         opts.merge_followers = self.merge_followers
         opts.replicate_below_numel = self.replicate_below_numel
         opts.tie_repeated_layers = self.tie_repeated_layers
         return opts
 
-    def solve_options(self, time_limit_s: float | None = None) -> SolveOptions:
-        """HiGHS options of a solve under these options (``time_limit_s`` overrides the limit)."""
-        return SolveOptions(time_limit_s=self.solver_time_limit_s if time_limit_s is None else time_limit_s,
+    def core_mesh(self, mesh) -> "_core.Mesh":
+        """The C++ core's view of LogicalMesh ``mesh`` under these options: the profile's
+        measured alpha/beta per axis when one is set, else the mesh's own."""
+        profile = cost_profile.resolve(self.profile)
+        return mesh.to_core() if profile is None else profile.core_mesh(mesh)
+
+    def solve_options(self) -> SolveOptions:
+        """HiGHS options of a solve under these options."""
+        return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
                             log_to_console=self.solver_log, objective_bound=self.solver_objective_bound)
 
     def planning_fields(self) -> dict:
         """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``
         records them; the plan cache keys on them)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.metadata.get("planning", True)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.metadata.get("planning", True)}
+        if isinstance(fields["profile"], cost_profile.ClusterProfile):  # its key and content digest
+            fields["profile"] = str(fields["profile"])
+        return fields

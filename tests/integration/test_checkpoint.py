@@ -41,14 +41,21 @@ def _trained_gpt(mesh_shape=(2, 4)):
     return step, step.get_executable(state, batch), state, batch
 
 
+@pytest.fixture(scope="module")
+def trained_gpt():
+    """``_trained_gpt()`` once for the module: three tests save the same trained state (planning,
+    compiling and running the step once instead of three times)."""
+    return _trained_gpt()
+
+
 def _assert_equal(got, want):
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"leaf {i}")
 
 
-def test_round_trip_on_2x4_is_bit_exact_in_the_executables_layouts(tmp_path):
-    step, exe, state, batch = _trained_gpt()
+def test_round_trip_on_2x4_is_bit_exact_in_the_executables_layouts(tmp_path, trained_gpt):
+    step, exe, state, batch = trained_gpt
     assert any(s.spec != P() for s in exe.input_shardings), "nothing is sharded: a weak test"
     ap.save_checkpoint(tmp_path, state, 1)
     restored = ap.restore_checkpoint(tmp_path, exe)
@@ -63,8 +70,8 @@ def test_round_trip_on_2x4_is_bit_exact_in_the_executables_layouts(tmp_path):
     _assert_equal(got_state, want_state)
 
 
-def test_restore_onto_1x8_reshards_on_load(tmp_path):
-    _, _, state, batch = _trained_gpt()
+def test_restore_onto_1x8_reshards_on_load(tmp_path, trained_gpt):
+    _, _, state, batch = trained_gpt
     ap.save_checkpoint(tmp_path, state, 3)
     other = ap.parallelize(gpt.make_train_step(default_optimizer(), CONFIG),
                            method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8))))
@@ -81,9 +88,9 @@ def test_restore_onto_1x8_reshards_on_load(tmp_path):
     _assert_equal(flat, state)
 
 
-def test_restore_onto_4_devices(tmp_path):
+def test_restore_onto_4_devices(tmp_path, trained_gpt):
     """Saved from a 2x4 plan on 8 devices; restored by a 4-device process in its own plan's layouts."""
-    _, _, state, _ = _trained_gpt()
+    _, _, state, _ = trained_gpt
     ap.save_checkpoint(tmp_path / "ckpt", state, 1)
     out = tmp_path / "out.npz"
     proc = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_restore.py"), str(tmp_path / "ckpt"), str(out)],

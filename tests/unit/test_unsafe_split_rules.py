@@ -82,6 +82,26 @@ def test_runtime_indexed_dims_are_followed_through_transpose_and_reduce():
     assert 0 not in split_dims(prob, red)[1][0], "the reduce reads the rows split (a partition slice)"
 
 
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_a_scan_slice_reshaped_keeps_its_rows_splittable(merge):
+    """xs[4, 16, 2] sliced at the loop counter to [1, 16, 2] and reshaped to [16, 2] (a scan's
+    per-iteration micro-batch): the size-1 indexed dim picks one index, the rows are whole, so the
+    reshape and the dot reading it may split them (data parallelism inside a scan), while the
+    stacked dim stays unsplit."""
+    b = GraphBuilder()
+    xs = b.add(OpKind.PARAMETER, [4, 16, 2], F32, attrs=[0])
+    i = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    ds = b.add(OpKind.ELEMENTWISE, [1, 16, 2], F32, [xs, i, zero, zero], [-1, 0])
+    rows = b.add(OpKind.RESHAPE, [16, 2], F32, [ds])
+    w = b.add(OpKind.PARAMETER, [2, 4], F32, attrs=[2])
+    dot = b.add(OpKind.DOT, [16, 4], F32, [rows, w], [0, 1, 1, 0])
+    prob = build(b, MESH24, merge)
+    assert 0 in split_dims(prob, rows)[0]
+    assert 0 in split_dims(prob, dot)[0]
+    assert 0 not in split_dims(prob, ds)[0] and 0 not in split_dims(prob, xs)[0]
+
+
 def test_a_follower_that_loses_strategies_becomes_its_own_group():
     # tanh(ds) + y: the add follows y (same shape, more strategies) but may not split the rows.
     b, _, ds, _ = dynamic_slice_graph(lambda b, ds: None)
@@ -122,3 +142,24 @@ def test_elementwise_attrs_runtime_indexed_layout():
     assert _core.decode_elementwise_attrs([2]).runtime_indexed_dims == []
     with pytest.raises(ValueError, match="more than one -1"):
         _core.decode_elementwise_attrs([-1, 0, -1])
+
+
+def test_a_one_layer_slice_reshaped_keeps_its_other_dims_splittable():
+    """scan's read of one layer: dynamic_slice(x[4, 8, 2], (i, 0, 0), (1, 8, 2)) reshaped to [8, 2].
+    The indexed dim has size 1 in the slice, so the reshape's dim 0 (from the slice's dim 1) is no
+    runtime-indexed dim: the dot reading it may split it. A reshape that merges an indexed dim of
+    size > 1 into its group still marks the group."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [4, 8, 2], F32, attrs=[0])
+    i = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    ds = b.add(OpKind.ELEMENTWISE, [1, 8, 2], F32, [x, i, zero, zero], [-1, 0])
+    layer = b.add(OpKind.RESHAPE, [8, 2], F32, [ds])
+    dot = _dot(b, layer)
+    rows = b.add(OpKind.PARAMETER, [12, 2], F32, attrs=[3])
+    ds8 = b.add(OpKind.ELEMENTWISE, [8, 2], F32, [rows, i, zero], [-1, 0])
+    flat = b.add(OpKind.RESHAPE, [16], F32, [ds8])
+    prob = build(b)
+    assert 1 in split_dims(prob, ds)[0] and 0 not in split_dims(prob, x)[0]
+    assert 0 in split_dims(prob, layer)[0] and 0 in split_dims(prob, dot)[0]
+    assert split_dims(prob, flat)[0] == set(), "an [8, 2] slice of 12 rows reshaped to [16] was split"

@@ -39,13 +39,17 @@ struct ShardingProblem {
 // `node_weights`: empty, or one factor >= 0 per node that scales the node's compute and
 // communication costs and the resharding costs of its operands (a loop body's ops: the loop's
 // trip count); memory is not scaled (a body's live set exists once).
+// `comm_weights`: empty, or one factor >= 0 per node that scales the node's own communication
+// cost instead of its node weight (a gradient dot whose partial sums a loop accumulates and
+// reduces once after the loop: the weight of the loop's scope, not the trip count).
 ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const CoreOptions& options,
                                        const std::vector<std::pair<int64_t, int64_t>>& ties,
                                        const std::vector<int64_t>& donated_args = {},
                                        const std::vector<std::pair<int64_t, Spec>>& pinned = {},
                                        const std::vector<int64_t>& pinned_uses = {},
-                                       const std::vector<double>& node_weights = {});
+                                       const std::vector<double>& node_weights = {},
+                                       const std::vector<double>& comm_weights = {});
 
 // Per-device peak memory of a strategy index per ILP group (see memory.h).
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);

@@ -10,7 +10,8 @@ only "two-block" specs, see docs/core_api.md "Spec enumeration"), which keeps th
 times the size of a 2-axis one.
 
 For the same reason as ``(n,)``, shapes that are axis permutations of an earlier shape with the same
-(size, alpha, beta) per non-trivial axis — ``8x1`` of ``1x8``, ``4x2`` of ``2x4`` on the default
+(size, alpha, beta) per non-trivial axis (the costs the core plans with: a measured profile's when
+one is given) — ``8x1`` of ``1x8``, ``4x2`` of ``2x4`` on the default
 uniform alpha/beta — pose the same ILP up to relabelling mesh axes: they are recorded with the
 earlier shape's objective (``"same_as"``) instead of being solved again. Ties keep the earlier shape.
 """
@@ -41,8 +42,12 @@ def candidate_meshes(n: int, devices=None) -> tuple[LogicalMesh, ...]:
                  for s in logical_shapes(n))
 
 
-def search_meshes(meshes, plan_one):
+def search_meshes(meshes, plan_one, core_mesh=None):
     """Plan each mesh with ``plan_one(mesh, bound) -> Plan`` and return the cheapest plan.
+
+    ``core_mesh``: LogicalMesh -> the core's Mesh it is planned with (``AutoShardingOption.core_mesh``:
+    a measured profile's alpha/beta per axis); the symmetry test compares those costs. Default:
+    the LogicalMesh's own alpha/beta.
 
     ``bound`` is the best objective so far (None for the first mesh): a solve may stop with a
     SolverError once it proves it cannot beat it (recorded like a mesh with no plan).
@@ -59,7 +64,7 @@ def search_meshes(meshes, plan_one):
     start = time.perf_counter()
     best, tried, solved, error = None, [], {}, None
     for mesh in meshes:
-        key = _symmetry_key(mesh)
+        key = _symmetry_key(mesh if core_mesh is None else core_mesh(mesh))
         if key in solved:
             twin = solved[key]
             tried.append({"shape": list(mesh.shape), "objective": twin["objective"], "solve_s": 0.0,
@@ -88,5 +93,6 @@ def search_meshes(meshes, plan_one):
     return best
 
 
-def _symmetry_key(mesh: LogicalMesh):
+def _symmetry_key(mesh):
+    """(size, alpha, beta) of the axes of size > 1, sorted (a LogicalMesh or a core Mesh)."""
     return tuple(sorted((s, a, b) for s, a, b in zip(mesh.shape, mesh.alpha, mesh.beta) if s > 1))

@@ -56,7 +56,7 @@ def plan_request(request: PlanRequest, progress=None) -> Plan:
                 dataclasses.replace(request.option, solver_objective_bound=bound)
             return _plan_one(request, mesh, option, progress)
 
-        plan = search_meshes(tuple(request.meshes), bounded)
+        plan = search_meshes(tuple(request.meshes), bounded, request.option.core_mesh)
     if request.axis_order and list(request.axis_order) != list(plan.axis_order):
         plan.order_axes(request.axis_order, request.graph)  # layouts shared with another plan
     for i in request.key_inputs:  # a key array's spec, not its key data's (planned replicated)
@@ -137,11 +137,12 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     t = time.perf_counter()
 
     def build(opt):
-        return _core.build_sharding_problem(core_graph(graph), mesh.to_core(), opt.to_core(), list(ties),
+        return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh), opt.to_core(), list(ties),
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
                                             list(pinned_uses),
-                                            [] if graph.weights is None else list(graph.weights))
+                                            [] if graph.weights is None else list(graph.weights),
+                                            [] if graph.comm_weights is None else list(graph.comm_weights))
     problem = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
@@ -178,6 +179,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
             # least-memory plan is still the smallest budget known to be feasible: name it
             raise infeasible_error(where, option.memory_budget_per_device, smallest, None) from untied
     timings["solve"] = solution.solve_time_s
+    _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
@@ -204,6 +206,17 @@ def _check_untied_bound(problem, option: AutoShardingOption, where: str, tied: I
     log.info("alpa_pass: untied plans' memory lower bound on mesh %s: %s bytes (budget %d)", where, lower, budget)
     if smallest is not None and lower is not None and lower > budget:
         raise infeasible_error(where, budget, smallest, lower, " (with or without repeated layers tied)") from tied
+
+
+def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
+    """Say when a solve stopped before proving its plan optimal, and whether the clock chose it."""
+    if solution.time_limited:
+        log.warning("alpa_pass: the ILP solve on mesh %s hit solver_time_limit_s=%g (gap %.2g): the plan "
+                    "depends on this machine's speed and load; set AutoShardingOption(solver_time_limit_s=None) "
+                    "for a plan that does not", where, option.solver_time_limit_s, solution.mip_gap)
+    elif solution.node_limited:
+        log.info("alpa_pass: the ILP solve on mesh %s stopped at solver_node_limit=%d (gap %.2g)",
+                 where, option.solver_node_limit, solution.mip_gap)
 
 
 def check_divisible(graph: OpGraph, plan: Plan, mesh: LogicalMesh) -> None:

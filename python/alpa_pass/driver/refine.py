@@ -6,7 +6,7 @@ or reshape op take its leader's strategy: a much smaller ILP, but some plans are
 merged plan is a plan of the unmerged ILP with the same objective: each node's chosen strategy
 (output spec and operand specs) exists among the node's unmerged strategies with the same cost.
 So the merged optimum, expanded to the unmerged variables, is a feasible start for the unmerged
-ILP, and its solve (under a time limit) can only improve on it.
+ILP, and its solve (under a node limit) can only improve on it.
 
 With ``tie_repeated_layers`` the unmerged problem ties its repeated layers too; the expanded start
 respects those ties when every copy of a tied unmerged group got the same strategy. When it does
@@ -35,9 +35,9 @@ log = logging.getLogger("alpa_pass")
 REFINE_MAX_COLUMNS = 200_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
 # not by time, so that its result is the same on every machine and under any load (every process
-# of a multi-process job plans on its own and must get the same plan). ``solver_time_limit_s``
-# stays as a safety net: an "auto" refinement stopped by it is discarded (with a warning), a forced
-# one (``refine_unmerged=True``) keeps its incumbent and says so.
+# of a multi-process job plans on its own and must get the same plan). A wall-clock limit is opt-in
+# (``solver_time_limit_s``, default None): an "auto" refinement stopped by it is discarded (with a
+# warning), a forced one (``refine_unmerged=True``) keeps its incumbent and says so.
 _REL_TOL = 1e-6
 
 
@@ -118,8 +118,11 @@ def _skip_reason(option, problem) -> str | None:
 
 
 def _refine_solve_options(option) -> SolveOptions:
-    """The planner's solver options with the refinement's node limit and no objective bound."""
-    return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit)
+    """The planner's solver options with the refinement's node limit, no objective bound, and
+    HiGHS's search focused on proving or improving the warm start (``improve_start_only``) on the
+    exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away)."""
+    return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit,
+                               improve_start_only=True, eliminate_chains=True)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):

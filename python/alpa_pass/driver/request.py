@@ -12,6 +12,7 @@ import hashlib
 
 import jax
 
+from alpa_pass import cost_profile
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
@@ -63,8 +64,10 @@ class PlanRequest:
                out_avals=(), ties=(), pins=(), name: str = "fn", saved: Plan | None = None,
                timings=None, pinned_uses=(), axis_order=()) -> "PlanRequest":
         """A request whose fingerprint covers the module, the argument avals, the donated
-        arguments (``graph.donated_args``), the pins and pinned uses. Typed PRNG key leaves among
-        ``arg_avals`` / ``out_avals`` (flat) are pinned replicated."""
+        arguments (``graph.donated_args``), the pins, pinned uses and the cost profile
+        (``option.profile``; "auto" is resolved here, once, to the current cluster's cached
+        profile or None). Typed PRNG key leaves among ``arg_avals`` / ``out_avals`` (flat) are
+        pinned replicated."""
         key_inputs = tuple(i for i, a in enumerate(arg_avals) if is_prng_key(a))
         key_outputs = tuple(i for i, a in enumerate(out_avals) if is_prng_key(a))
         key_nodes = [graph.param_nodes()[i] for i in key_inputs] + [graph.output_nodes()[i] for i in key_outputs]
@@ -73,15 +76,17 @@ class PlanRequest:
         ties, pins = (*ties, *graph.ties), tuple(sorted(pinned.items()))
         pinned_uses = tuple(sorted(int(v) for v in pinned_uses))
         axis_order = tuple(axis_order)
+        if option.profile == "auto":
+            option = dataclasses.replace(option, profile=cost_profile.resolve("auto"))
         digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins, pinned_uses,
-                             axis_order)
+                             axis_order, option.profile)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
                    name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,
                    key_outputs=key_outputs, pinned_uses=pinned_uses, axis_order=axis_order)
 
 
 def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=(), pinned_uses=(),
-                axis_order=()) -> str:
+                axis_order=(), profile: cost_profile.ClusterProfile | None = None) -> str:
     """Identity of a plan request as the planner sees it (stable across processes).
 
     Args:
@@ -92,6 +97,7 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
       pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
       pinned_uses: pinned nodes whose users must read them as pinned (``PlanRequest.pinned_uses``).
       axis_order: an axis order imposed on the plan (``PlanRequest.axis_order``).
+      profile: the measured cost profile planned with (its content digest), if any.
     """
     h = hashlib.sha256(canonical_text(module_text).encode())
     for a in map(leaf_aval, arg_avals):
@@ -103,6 +109,8 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
         h.update(f"|pinned_uses={sorted(int(v) for v in pinned_uses)}".encode())
     if axis_order:
         h.update(f"|axis_order={list(axis_order)}".encode())
+    if profile is not None:
+        h.update(f"|profile={profile.digest}".encode())
     return h.hexdigest()
 
 

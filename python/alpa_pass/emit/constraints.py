@@ -30,11 +30,14 @@ CONSTRAINT_NAME_PREFIX = "alpa_pass"    # op_name metadata of inserted constrain
 class EmitReport:
     """``inserted``: constraint ops added (one per MLIR value); ``skipped``: reason -> number of
     requested nodes left unconstrained (reasons are the ``SKIP_*`` constants);
-    ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``)."""
+    ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``);
+    ``accumulators``: loop-carried gradient sums kept per shard and reduced once after their loop
+    (``emit.accumulation``)."""
 
     inserted: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
     reduce_scattered: int = 0
+    accumulators: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n

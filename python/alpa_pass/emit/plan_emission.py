@@ -3,8 +3,10 @@
 Input IR state: a Shardy module with the same ops as the one the plan's graph was extracted from,
 lowered with the plan's input/output shardings (or given them by ``emit.entry_shardings``).
 Output IR state: every planned value constrained (``emit.constraints``), resharded uses pinned
-(``emit.targets.operand_targets``) and, with ``prefer_reduce_scatter``, parameter-gradient partial
-sums rewritten to explicit reduce-scatters (``emit.reduce_scatter``). Every front door (the jit
+(``emit.targets.operand_targets``), with ``prefer_reduce_scatter``, parameter-gradient partial
+sums rewritten to explicit reduce-scatters (``emit.reduce_scatter``), and gradient accumulators of
+top-level loops carried as per-shard partial sums, reduced once after the loop
+(``emit.accumulation``). Every front door (the jit
 adapter, the plugin's lowering hook, ``alpa-pass-opt --auto-shard``) calls :func:`emit_plan`.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 
 from jaxlib.mlir import ir
 
+from alpa_pass.emit.accumulation import rewrite_accumulations
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
 from alpa_pass.emit.targets import constraint_targets, operand_targets
@@ -25,7 +28,8 @@ log = logging.getLogger("alpa_pass")
 def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOption, *,
               mesh_name: str = "mesh", name: str = "fn") -> EmitReport:
     """Write ``plan`` (for ``graph``, on ``plan.mesh``) into ``module`` in place; returns the
-    report (``reduce_scattered``: how many partial sums became reduce-scatters)."""
+    report (``reduce_scattered``: how many partial sums became reduce-scatters; ``accumulators``:
+    how many loop accumulators are reduced after their loop)."""
     mesh = plan.mesh
     located = locate_partial_sum_dots(module, graph, plan, mesh) if option.prefer_reduce_scatter else []
     report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option.emit), mesh_name,
@@ -34,4 +38,8 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
     if located:
         report.reduce_scattered = rewrite_reduce_scatter(module, located, mesh, mesh_name)
         log.info("%s: %d partial-sum dots reduce-scattered", name, report.reduce_scattered)
+    if option.emit == "all":
+        report.accumulators = rewrite_accumulations(module, mesh, mesh_name)
+        if report.accumulators:
+            log.info("%s: %d loop accumulators reduced after their loop", name, report.accumulators)
     return report

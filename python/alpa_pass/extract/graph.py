@@ -99,6 +99,9 @@ class OpGraph:
     donated_args: list = dataclasses.field(default_factory=list)  # flat entry-arg indices donated
     ties: list = dataclasses.field(default_factory=list)  # (node, node) whose specs must be equal (loop carries)
     weights: np.ndarray | None = None  # float64[N] cost factor per node (loop trip counts); None = all 1
+    # float64[N] factor for a node's own communication in place of ``weights`` (a gradient dot that
+    # a loop accumulates: its partial sums are reduced once after the loop); None = ``weights``
+    comm_weights: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:

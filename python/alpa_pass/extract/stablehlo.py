@@ -18,6 +18,7 @@ from jaxlib.mlir import ir
 from alpa_pass.errors import ExtractError
 from alpa_pass import _compat
 from alpa_pass.extract import op_table
+from alpa_pass.extract.accumulators import accumulated_comm_weights
 from alpa_pass.extract.graph import GraphBuilder, OpGraph, OpKind, OpLocator
 
 _LOG = logging.getLogger("alpa_pass")
@@ -147,6 +148,7 @@ class _Walker:
         self._info: list = []  # node id -> (shape, dtype_bytes)
         self.weights: list = []  # node id -> cost factor (product of enclosing trip counts)
         self._weight = 1.0
+        self.loops: list = []  # (carry nodes, yield nodes, weight outside) per top-level while of the entry
 
     def add(self, kind, shape, nbytes, operands, attrs, **kw) -> int:
         self._info.append((shape, nbytes))
@@ -255,6 +257,8 @@ class _Walker:
         outs = self._results(op, [(y,) for y in yields], loc)
         for c, y, out in zip(carry, yields, outs):
             self.builder.ties += [(c, y), (out, y)]
+        if not loc.nest and not loc.call_path:  # the loops emit.accumulation rewrites: main's own
+            self.loops.append((carry, yields, outer))
         return outs
 
     def walk_case(self, op, ins: list[int], env: dict, loc: OpLocator) -> list[int]:
@@ -316,4 +320,5 @@ def extract_graph(module: ir.Module, entry: str = "main") -> OpGraph:
     graph = w.builder.build(num_args=len(params), num_outputs=len(results))
     if any(x != 1.0 for x in w.weights):
         graph.weights = np.asarray(w.weights, dtype=np.float64)
+        graph.comm_weights = accumulated_comm_weights(graph, w.loops)
     return graph

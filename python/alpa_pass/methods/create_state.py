@@ -106,7 +106,7 @@ class CreateStateParallel(IntraOpMethod):
 
 def _feasible(graph, ties, mesh, option, specs) -> list[bool]:
     """Per output node: whether one of its strategies (the unpinned ILP's) has that core spec."""
-    problem = _core.build_sharding_problem(core_graph(graph), mesh.to_core(), option.to_core(), list(ties),
+    problem = _core.build_sharding_problem(core_graph(graph), option.core_mesh(mesh), option.to_core(), list(ties),
                                            list(graph.donated_args))
     offsets, outs = np.asarray(problem.strategy_offsets), np.asarray(problem.out_specs)
     big = np.asarray(mesh.shape) > 1

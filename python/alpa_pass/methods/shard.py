@@ -12,6 +12,7 @@ from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.base import ParallelMethod
 from alpa_pass.options import AutoShardingOption
+from alpa_pass.pipeline.trace.accumulate import accumulating_step
 from alpa_pass.plan.plan import Plan
 from alpa_pass.runtime.executable import Executable
 
@@ -48,8 +49,14 @@ class IntraOpMethod(ParallelMethod):
         arguments are flat leaves (the plugin): none unless the method forces layouts."""
         return []
 
+    def step_function(self, fn):
+        """The function that is planned for the user's ``fn`` (itself unless the method rewrites
+        the step, as ``ShardParallel(num_micro_batches=k)`` does)."""
+        return fn
+
     def build_executable(self, fn, args, donate_argnums) -> Executable:
         mesh = self.resolved_mesh()
+        fn = self.step_function(fn)
         plan, compiled = plan_and_compile(fn, args, mesh, self.planning_option(), donate_argnums,
                                           saved=self.saved_plan, pin_policy=self._policy(mesh),
                                           pin_uses=self.pin_uses, axis_order=self.axis_order())
@@ -57,6 +64,7 @@ class IntraOpMethod(ParallelMethod):
 
     def plan_for(self, fn, args, donate_argnums) -> Plan:
         mesh = self.resolved_mesh()
+        fn = self.step_function(fn)
         plan, _, _ = make_plan(fn, args, mesh, self.planning_option(), saved=self.saved_plan,
                                donate_argnums=donate_argnums, pin_policy=self._policy(mesh),
                                pin_uses=self.pin_uses, axis_order=self.axis_order())
@@ -78,11 +86,20 @@ class ShardParallel(IntraOpMethod):
       plan: a saved ``Plan`` (or the path of its ``Plan.save`` file) to apply without solving; it
         must have been made by this jax version for the same function signature and mesh
         (PlanMismatchError says what differs otherwise).
+      num_micro_batches: ``None`` (or 1): the step runs as written. ``k > 1``: gradient
+        accumulation as in Alpa: the step's one ``alpa_pass.value_and_grad`` / ``alpa_pass.grad``
+        call runs as a ``lax.scan`` over ``k`` micro-batches (its batch inputs cut along axis 0),
+        gradients and loss averaged over them, the rest of the step (the update) once
+        (``pipeline.trace.accumulate``).
+      batch_argnums: positions of the step's arguments that hold the batch (with
+        ``num_micro_batches``).
     """
 
     mesh: LogicalMesh | str | None = None
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     plan: object = dataclasses.field(default=None, hash=False)
+    num_micro_batches: int | None = None
+    batch_argnums: tuple = (1,)
 
     def __post_init__(self):
         if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
@@ -92,6 +109,18 @@ class ShardParallel(IntraOpMethod):
             raise TypeError(f"ShardParallel(option=...) takes an AutoShardingOption, got {type(self.option).__name__}")
         if self.plan is not None:
             self._load_plan()
+        if self.num_micro_batches is not None and (isinstance(self.num_micro_batches, bool) or
+                                                   not isinstance(self.num_micro_batches, int) or
+                                                   self.num_micro_batches < 1):
+            raise ValueError(f"ShardParallel(num_micro_batches=...) takes None or an int >= 1, "
+                             f"got {self.num_micro_batches!r}")
+        argnums = (self.batch_argnums,) if isinstance(self.batch_argnums, int) else self.batch_argnums
+        object.__setattr__(self, "batch_argnums", tuple(int(i) for i in argnums))
+
+    def step_function(self, fn):
+        if (self.num_micro_batches or 1) == 1:
+            return fn
+        return accumulating_step(fn, self.batch_argnums, self.num_micro_batches)
 
     def _load_plan(self):
         if isinstance(self.plan, (str, os.PathLike)):

@@ -220,7 +220,8 @@ def build_plan(graph: OpGraph, problem, solution, mesh: LogicalMesh, timings: di
     out_specs = np.asarray(problem.out_specs)
     weights = np.ones(graph.num_nodes) if graph.weights is None else np.asarray(graph.weights)
     compute = np.asarray(problem.compute_cost)[rows] * weights  # a loop body's ops: x trip count
-    comm = np.asarray(problem.comm_cost)[rows] * weights
+    comm = np.asarray(problem.comm_cost)[rows] * (weights if graph.comm_weights is None else
+                                                  np.asarray(graph.comm_weights))
     names = problem.strategy_names
     in_offsets, in_specs = np.asarray(problem.in_spec_offsets), np.asarray(problem.in_specs)
     operand_specs = [[[int(a) for a in row] for row in in_specs[in_offsets[r]:in_offsets[r + 1]]]

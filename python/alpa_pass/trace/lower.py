@@ -7,7 +7,7 @@ import re
 
 import jax
 
-from alpa_pass.errors import TraceError
+from alpa_pass.errors import AlpaPassError, TraceError
 
 
 def fn_name(fn) -> str:
@@ -31,7 +31,7 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=())
 
     try:
         return jax.jit(fresh, **kwargs).lower(*args)
-    except TraceError:
+    except AlpaPassError:  # raised by alpa_pass's own step rewrites (num_micro_batches): already typed
         raise
     except (TypeError, ValueError, jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError) as e:
         raise TraceError(f"jax could not trace {fn_name(fn)}: {type(e).__name__}: {e}. alpa_pass plans "

@@ -62,14 +62,15 @@ class PipeshardProgram:
     timings: dict
 
 
-def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str):
-    """Marker-input avals with the batch leaves cut to one micro-batch (checks divisibility)."""
+def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str, method: str = "PipeshardParallel"):
+    """Marker-input avals with the batch leaves cut to one micro-batch (checks divisibility;
+    ``method`` names the front door in the error)."""
     out = []
     for x, is_batch in zip(map(leaf_aval, traced_args), batch_mask):
         shape = tuple(x.shape)
         if is_batch:
             if not shape or shape[0] % num_micro:
-                raise ShardingError(f"PipeshardParallel(num_micro_batches={num_micro}): a batch leaf of "
+                raise ShardingError(f"{method}(num_micro_batches={num_micro}): a batch leaf of "
                                     f"{fn_name} has shape {shape}, whose axis 0 is not divisible by "
                                     f"{num_micro}; pick a micro-batch count that divides the batch")
             shape = (shape[0] // num_micro, *shape[1:])

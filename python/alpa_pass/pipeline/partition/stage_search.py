@@ -2,7 +2,9 @@
 the C++ stage-submesh DP (minimise sum of stage latencies + (micro-batches - 1) * the largest).
 
 Latency of a candidate stage = ``compute_cost_per_flop`` x the per-device FLOPs of its forward and
-backward (as the intra-op plan splits them) + the plan's communication and resharding. Memory per
+backward (as the intra-op plan splits them) + the plan's communication and resharding; with a
+measured profile (``AutoShardingOption.profile``) the plan's compute, communication and
+resharding, all in seconds (``AutoStageOption.compute_cost_per_flop`` is then not used). Memory per
 device = (4 x parameter bytes + micro-batches x activation bytes) / devices (parameters, gradients,
 two optimizer moments; activations of every micro-batch in flight, GPipe's worst case).
 """
@@ -13,7 +15,7 @@ import itertools
 import jax
 import numpy as np
 
-from alpa_pass import _core
+from alpa_pass import _core, cost_profile
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.pipeline.partition import stages as stage_mod
 from alpa_pass.pipeline.partition.layers import var_bytes
@@ -53,8 +55,10 @@ def stage_cost(traced, program, mesh, method) -> float:
 
     cts = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in program.float_outputs]
     plan, _, _ = make_plan(train, tuple(ins + cts), mesh, method.option)
-    flops = plan.predicted["compute"] / max(method.option.compute_cost_per_flop, 1e-30)
     comm = plan.predicted["communication"] + plan.predicted["resharding"]
+    if cost_profile.resolve(method.option.profile) is not None:  # measured: compute is in seconds already
+        return plan.predicted["compute"] + comm
+    flops = plan.predicted["compute"] / max(method.option.compute_cost_per_flop, 1e-30)
     return method.stage_option.compute_cost_per_flop * flops + comm
 
 

@@ -1,0 +1,80 @@
+"""Gradient accumulators in loops: which dots' partial sums are reduced once per loop, not per trip.
+
+A ``lax.scan`` that sums gradients over micro-batches carries ``acc`` and yields ``acc + g``, ``g``
+a weight-gradient dot or a bias gradient's (or the loss's) sum (through a transpose, a reshape, a
+convert, a sum of size-1 dims or a constant factor). When the plan splits the dot's contracted dim or the sum's reduced dim (the
+micro-batch) over some mesh axes, its partial sums need one reduction over those axes; emission (:mod:`alpa_pass.emit.accumulation`) carries them per shard and reduces once
+after the loop, as Alpa does (its gradient sync cost divided by the micro-batch count). So such a
+dot's own communication cost counts with the weight outside the loop, not the trip count; its
+compute and the resharding of its operands still count every trip.
+
+The graph pattern (the one the emission pass matches in the module): a carried slot whose carry
+node's only user is the yield, an ``stablehlo.add`` of the carry and a chain of single-use
+``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stablehlo.convert`` nodes (and reduces of
+size-1 dims, products and quotients with a constant: a mean's divisor) over a single-use dot or
+reduce. What emission checks besides (the init is zeros, a
+reduce sums, the partial sums come from one contracted / reduced dim) is not in the graph: a node
+that matches here but not there is costed as reduced once and is all-reduced every trip (an
+optimistic estimate, never wrong numbers).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from alpa_pass.extract.graph import OpGraph, OpKind
+
+_CHAIN = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
+
+
+def accumulated_comm_weights(graph: OpGraph, loops: list) -> np.ndarray | None:
+    """float64[N]: ``graph.weights`` with each accumulated dot's entry replaced by the weight
+    outside its loop (module docstring); None when there is none. ``loops``: per while that
+    emission rewrites (the entry function's top-level ones), (carry nodes, yield nodes, weight
+    outside the loop)."""
+    users = [[] for _ in range(graph.num_nodes)]
+    for v in range(graph.num_nodes):
+        for u in graph.operands(v):
+            users[u].append(v)
+    out = np.asarray(graph.weights, dtype=np.float64).copy()
+    found = False
+    for carry, yields, outer in loops:
+        for c, y in zip(carry, yields):
+            dot = _accumulated_dot(graph, users, c, y)
+            if dot is not None:
+                out[dot] = outer
+                found = True
+    return out if found else None
+
+
+def _accumulated_dot(graph: OpGraph, users: list, c: int, y: int) -> int | None:
+    ops = graph.operands(y)
+    if graph.op_names[y] != "stablehlo.add" or len(ops) != 2 or c not in ops or users[c] != [y]:
+        return None
+    v, nxt = ops[1] if ops[0] == c else ops[0], y
+    while users[v] == [nxt] and (graph.op_names[v] in _CHAIN or _drops_unit_dims(graph, v)
+                                 or _scaled(graph, v) is not None):
+        v, nxt = graph.operands(v)[_scaled(graph, v) or 0], v
+    if OpKind(int(graph.kind[v])) not in (OpKind.DOT, OpKind.REDUCE) or users[v] != [nxt]:
+        return None
+    return v
+
+
+def _constant(graph: OpGraph, v: int) -> bool:
+    if graph.op_names[v] == "stablehlo.broadcast_in_dim":
+        v = graph.operands(v)[0]
+    return graph.op_names[v] == "stablehlo.constant"
+
+
+def _scaled(graph: OpGraph, v: int) -> int | None:
+    """For ``x / c``, ``x * c`` or ``c * x`` (``c`` a constant): the operand index of ``x``."""
+    ops = graph.operands(v)
+    if graph.op_names[v] not in ("stablehlo.divide", "stablehlo.multiply") or len(ops) != 2:
+        return None
+    k = 1 if graph.op_names[v] == "stablehlo.multiply" and _constant(graph, ops[0]) else 0
+    return k if _constant(graph, ops[1 - k]) and not _constant(graph, ops[k]) else None
+
+
+def _drops_unit_dims(graph: OpGraph, v: int) -> bool:
+    """A reduce that only drops size-1 dims (what JAX makes of a bias's broadcast)."""
+    return OpKind(int(graph.kind[v])) == OpKind.REDUCE and \
+        int(np.prod(graph.shape(v))) == int(np.prod(graph.shape(graph.operands(v)[0])))

@@ -1,0 +1,183 @@
+"""A GPT whose blocks are one scanned layer stack (flax ``nn.scan``, ``nn.scan(nn.remat(...))``,
+``lax.scan`` over stacked params: ``zoo.gpt_scan``) is planned like its unrolled twin: per layer the
+same parameter specs, about the same ILP objective, the same compiled per-device FLOPs within 10%,
+and it trains like single-device ``jax.jit`` over 3 Adam steps."""
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from zoo import default_optimizer, gpt_scan, init_state
+
+OPT = default_optimizer()
+KINDS = {"lax": dict(flax=False), "flax": dict(flax=True), "flax_remat": dict(flax=True, remat=True)}
+
+
+def _config(kind: str) -> gpt_scan.Config:
+    return gpt_scan.Config(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=64, **KINDS[kind])
+
+
+def _setup(config):
+    state = init_state(gpt_scan.init(jax.random.key(0), config), OPT)
+    batches = [gpt_scan.make_batch(jax.random.key(100 + i), config) for i in range(3)]
+    return gpt_scan.make_train_step(OPT, config), state, batches
+
+
+def _param_specs(plan, params) -> dict:
+    """Path tuple -> spec padded to the leaf's rank, for the parameter leaves (first inputs)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    out = {}
+    for (path, leaf), spec in zip(leaves, plan.input_specs):
+        keys = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path)
+        out[keys] = tuple(spec) + (None,) * (leaf.ndim - len(spec))
+    return out
+
+
+def _twin_path(config, path: tuple, layer: int) -> tuple:
+    return (f"block_{layer}", *path[1:]) if config.flax else ("blocks", layer, *path[1:])
+
+
+def _plans(config, shape):
+    mesh = ap.LogicalMesh(shape=shape)
+    plans = {}
+    for c in (config, config.twin()):
+        step, state, batches = _setup(c)
+        plans[c.scan] = (ap.parallelize(step, method=ap.ShardParallel(mesh=mesh)).plan(state, batches[0]), state[0])
+    return plans
+
+
+@pytest.mark.parametrize("kind,shape", [
+    ("lax", (1, 8)),
+    pytest.param("flax", (1, 8), marks=pytest.mark.slow),
+    pytest.param("flax_remat", (1, 8), marks=pytest.mark.slow),
+    pytest.param("lax", (2, 4), marks=pytest.mark.slow),
+    pytest.param("flax", (2, 4), marks=pytest.mark.slow),
+    pytest.param("flax_remat", (2, 4), marks=pytest.mark.slow),
+])
+def test_scanned_gpt_is_planned_like_its_unrolled_twin(kind, shape):
+    """The scan's loop body is planned once and costed x layers: its objective is within 3% of the
+    unrolled twin's on 1x8 (1.000-1.022 measured: the loop carries one layout, so the activation
+    entering the stack is resharded once where the twin's first layer can read it as it comes).
+    On 2x4 the scanned plan may be cheaper (0.92 measured for lax/flax: the twin's optimum under
+    follower merging misses the batch-on-x, tensor-on-y layout that the scan's finds), never
+    dearer by more than 3%. On 1x8 every layer of the twin gets the stacked param's spec (dim 0,
+    the layer dim, never split)."""
+    config = _config(kind)
+    plans = _plans(config, shape)
+    (scan, scan_params), (twin, twin_params) = plans[True], plans[False]
+    assert scan.fallbacks == {} and twin.fallbacks == {}
+    ratio = scan.objective / twin.objective
+    low = 0.97 if shape == (1, 8) else 0.85
+    assert low <= ratio <= 1.03, (scan.objective, twin.objective)
+    specs, twin_specs = _param_specs(scan, scan_params), _param_specs(twin, twin_params)
+    stacked = [p for p in specs if p[0] == "blocks"]
+    assert len(stacked) == 13
+    for path in stacked:
+        assert specs[path][0] is None, (path, specs[path])  # the layer dim stays whole
+    if shape == (1, 8):
+        assert any(any(d is not None for d in specs[p]) for p in stacked), "every block weight replicated"
+        for path in stacked:
+            for layer in range(config.layers):
+                assert twin_specs[_twin_path(config, path, layer)] == specs[path][1:], (path, layer)
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.-]+) \((.*)\) -> .* \{$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.-]+) = (\w+)\[([\d,]*)\]\S* (\w[\w-]*)\(([^)]*)\)(.*)$")
+_PARAM = re.compile(r"([\w.-]+): \w+\[([\d,]*)\]")
+_CALLEE = re.compile(r"(calls|body|condition|to_apply)=%([\w.-]+)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _dims(text: str) -> list[int]:
+    return [int(d) for d in text.split(",") if d]
+
+
+def dot_flops(hlo_text: str) -> float:
+    """Per-device dot FLOPs of compiled HLO text, a while body's counted ``known_trip_count``
+    times (XLA's ``cost_analysis`` counts a loop body once): 2 * |result| * |contracted dims|."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            current = comps.setdefault(m.group(1), {"shapes": {}, "dots": [], "calls": []})
+            current["shapes"].update((n, _dims(d)) for n, d in _PARAM.findall(m.group(2)))
+            entry = m.group(1) if line.startswith("ENTRY") else entry
+            continue
+        if current is None:
+            continue
+        trip = _TRIP.search(line)
+        for kind, callee in _CALLEE.findall(line):
+            current["calls"].append((callee, int(trip.group(1)) if kind == "body" and trip else 1))
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, _, shape, op, args, attrs = m.groups()
+        current["shapes"][name] = _dims(shape)
+        if op == "dot":
+            lhs = args.split(",")[0].strip().lstrip("%")
+            contracting = _dims(re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs).group(1))
+            current["dots"].append((_dims(shape), lhs, contracting))
+
+    def count(name: str, times: float) -> float:
+        comp = comps[name]
+        total = sum(2.0 * np.prod(out) * np.prod([comp["shapes"][lhs][d] for d in contracting])
+                    for out, lhs, contracting in comp["dots"])
+        return times * total + sum(count(callee, times * n) for callee, n in comp["calls"])
+
+    return count(entry, 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,shape", [
+    ("flax", (2, 4)),
+    ("lax", (1, 8)),
+    ("flax_remat", (1, 8)),  # (lax, 2x4), (flax, 1x8), (flax_remat, 2x4) pass too: left out for CI time
+])
+def test_scanned_gpt_trains_like_jit_with_the_twins_flops(kind, shape):
+    """3 Adam steps of the scanned GPT give jax.jit's losses and parameters; the compiled step's
+    per-device dot FLOPs (loop bodies x trip count) are within 10% of the unrolled twin's compiled
+    step's (and well under the single-device step's: the loop body runs on shards)."""
+    config = _config(kind)
+    mesh = ap.LogicalMesh(shape=shape)
+    flops = {}
+    for c in (config, config.twin()):
+        step, state, batches = _setup(c)
+        f = ap.parallelize(step, method=ap.ShardParallel(mesh=mesh))
+        flops[c.scan] = dot_flops(f.get_executable(state, batches[0]).hlo_text())
+        if not c.scan:
+            continue
+        single = dot_flops(jax.jit(step).lower(state, batches[0]).compile().as_text())
+        ref = state
+        for batch in batches:
+            state, loss = f(state, batch)
+            ref, ref_loss = jax.jit(step)(ref, batch)
+            np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+        for got, want in zip(jax.tree.leaves(state[0]), jax.tree.leaves(ref[0])):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert abs(flops[True] / flops[False] - 1) <= 0.10, flops
+    assert flops[True] < 0.5 * single, (flops[True], single)
+
+
+def test_dot_flops_counts_a_loop_body_once_per_iteration():
+    """The counter the FLOPs test uses: a 4-step scan of [8, 32] @ [32, 32] and its gradient
+    (forward, weight and input gradients: 12 dots) against the count by hand; the unrolled loop's
+    gradient skips the first layer's input gradient (11 dots)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def scanned(ws, x):
+        return lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0].sum()
+
+    def unrolled(ws, x):
+        for i in range(4):
+            x = jnp.tanh(x @ ws[i])
+        return x.sum()
+
+    one = 2 * 8 * 32 * 32
+    for fn, dots in ((scanned, 12), (unrolled, 11)):
+        text = jax.jit(jax.grad(fn)).lower(jnp.ones((4, 32, 32)), jnp.ones((8, 32))).compile().as_text()
+        assert dot_flops(text) == dots * one

@@ -1,0 +1,61 @@
+"""emit/accumulation.py on a hand-written module (text in, structure out): a while loop summing a
+dot whose contracted dim is split over "x" into a zero-initialised carry."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from alpa_pass.emit.accumulation import rewrite_accumulations
+from alpa_pass.extract.stablehlo import parse_module
+from alpa_pass.mesh import LogicalMesh
+
+MODULE = """
+module {
+  sdy.mesh @mesh = <["x"=2, "y"=4]>
+  func.func @main(%a: tensor<8x16xf32>, %b: tensor<8x32xf32>) -> tensor<16x32xf32> {
+    %zero = stablehlo.constant dense<INIT> : tensor<f32>
+    %init = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f32>) -> tensor<16x32xf32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %r:2 = stablehlo.while(%i = %c0, %acc = %init) : tensor<i32>, tensor<16x32xf32>
+    cond {
+      %n = stablehlo.constant dense<4> : tensor<i32>
+      %p = stablehlo.compare LT, %i, %n, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %l = sdy.sharding_constraint %a <@mesh, [{"x"}, {}]> : tensor<8x16xf32>
+      %rr = sdy.sharding_constraint %b <@mesh, [{"x"}, {}]> : tensor<8x32xf32>
+      %g = stablehlo.dot_general %l, %rr, contracting_dims = [0] x [0] : (tensor<8x16xf32>, tensor<8x32xf32>) -> tensor<16x32xf32>
+      %gc = sdy.sharding_constraint %g <@mesh, [{}, {"y"}]> : tensor<16x32xf32>
+      %s = stablehlo.add %acc, %gc : tensor<16x32xf32>
+      %sc = sdy.sharding_constraint %s <@mesh, [{}, {"y"}]> : tensor<16x32xf32>
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %i1 = stablehlo.add %i, %one : tensor<i32>
+      stablehlo.return %i1, %sc : tensor<i32>, tensor<16x32xf32>
+    }
+    return %r#1 : tensor<16x32xf32>
+  }
+}
+"""
+MESH = LogicalMesh(shape=(2, 4), axis_names=("x", "y"))
+
+
+def test_partial_sums_carried_per_shard_and_reduced_after_the_loop():
+    module = parse_module(MODULE.replace("INIT", "0.000000e+00"))
+    assert rewrite_accumulations(module, MESH) == 1
+    text = str(module.operation)
+    assert "tensor<i32>, tensor<2x16x32xf32>" in text  # the carry: one [16, 32] partial sum per "x" shard
+    assert re.search(r"dot_general .*batching_dims = \[0\] x \[0\], contracting_dims = \[1\] x \[1\]", text)
+    assert '<@mesh, [{"x"}, {}, {"y"}]>' in text       # the carry's layout: "x" on the new dim
+    after = text[text.index("stablehlo.while"):]
+    after = after[after.index("    }\n    ") :]       # the entry function after the loop
+    assert re.search(r"stablehlo.reduce\(%\S+ init: %\S+\) applies stablehlo.add across dimensions = \[0\] "
+                     r": \(tensor<2x16x32xf32>, tensor<f32>\) -> tensor<16x32xf32>", after)
+
+
+@pytest.mark.parametrize("init", ["1.000000e+00"])
+def test_a_carry_that_does_not_start_at_zero_is_left_alone(init):
+    module = parse_module(MODULE.replace("INIT", init))
+    before = str(module.operation)
+    assert rewrite_accumulations(module, MESH) == 0
+    assert str(module.operation) == before

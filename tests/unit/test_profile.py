@@ -1,0 +1,249 @@
+"""Measured cost profiles (``alpa-pass profile``, ``AutoShardingOption(profile=...)``): the
+alpha/beta fit, the JSON and its key, the mesh costs the core receives, the plans they lead to and
+the plan fingerprint."""
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+import alpa_pass as ap
+from alpa_pass import _core, cost_profile
+from alpa_pass.driver.request import fingerprint
+from alpa_pass.errors import OptionError
+from alpa_pass.tools import profile as profile_tool
+from zoo import mlp
+
+
+def synthetic(beta_by_stride: dict, alpha: float = 1e-5, flops: float = 1e9, key: str = "synthetic") -> dict:
+    """A profile of 8 devices whose axes cost ``beta_by_stride[stride]`` per byte."""
+    axes = [{"size": n, "stride": s, "alpha": alpha, "beta": beta_by_stride[s]} for n, s in cost_profile.axes_of(8)]
+    return {"format": cost_profile.FORMAT, "format_version": cost_profile.FORMAT_VERSION, "key": key,
+            "cluster": {"num_devices": 8}, "axes": axes, "compute": {"matmul_flops_per_s": {"float32": flops}}}
+
+
+def test_byte_factors_are_the_cores():
+    mesh = _core.Mesh(shape=[4], alpha=[0.0], beta=[1.0])
+    core = {"all-reduce": mesh.all_reduce, "all-gather": mesh.all_gather,
+            "reduce-scatter": mesh.reduce_scatter, "all-to-all": mesh.all_to_all}
+    for kind, cost in core.items():
+        assert cost(1000.0, 0) == pytest.approx(cost_profile.byte_factor(kind, 4) * 1000.0)
+
+
+def test_fit_recovers_known_alpha_beta():
+    sizes = np.array([4096 * 4 ** i for i in range(6)], dtype=float)
+    alpha, beta = 3e-5, 1.2e-9
+    # exact timings of every kind on a 4-device axis: the joint fit the core receives is exact
+    xs = np.concatenate([cost_profile.byte_factor(k, 4) * sizes for k in cost_profile.CORE_KINDS])
+    got = cost_profile.fit_alpha_beta(xs, alpha + beta * xs)
+    assert got == pytest.approx((alpha, beta), rel=1e-6)
+    # 10% multiplicative noise, one timing 30x too low and one lost in noise (<= 0): still close
+    rng = np.random.default_rng(0)
+    x = cost_profile.byte_factor("all-reduce", 8) * sizes
+    t = (alpha + beta * x) * np.exp(rng.normal(0, 0.1, len(x)))
+    t[2] /= 30
+    x, t = np.append(x, 5e4), np.append(t, -1e-6)
+    a, b = cost_profile.fit_alpha_beta(x, t)
+    assert a == pytest.approx(alpha, rel=0.25) and b == pytest.approx(beta, rel=0.25)
+    # pure latency and pure bandwidth
+    assert cost_profile.fit_alpha_beta(sizes, np.full(6, 5e-5)) == pytest.approx((5e-5, 0.0), abs=1e-12)
+    a, b = cost_profile.fit_alpha_beta(sizes, 2e-9 * sizes)
+    assert a == pytest.approx(0.0, abs=1e-9) and b == pytest.approx(2e-9, rel=1e-6)
+    with pytest.raises(ValueError):
+        cost_profile.fit_alpha_beta([1.0, 1.0], [1.0, 2.0])  # one size: no slope
+
+
+def test_axes_and_keys():
+    assert cost_profile.axes_of(8) == [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)]
+    assert cost_profile.mesh_axes((2, 4)) == [(2, 4), (4, 1)]
+    assert cost_profile.mesh_axes((2, 2, 2)) == [(2, 4), (2, 2), (2, 1)]
+    assert cost_profile.cluster_key("cpu", "cpu", 8, [8]) == "cpu-cpu-8dev-1x8"
+    assert cost_profile.cluster_key("gpu", "NVIDIA H200", 16, [8, 8]) == "gpu-nvidia-h200-16dev-2x8"
+    assert cost_profile.cluster_key("gpu", "NVIDIA H200", 12, [8, 4]) == "gpu-nvidia-h200-12dev-8-4"
+    assert cost_profile.cluster_key(**cost_profile.current_cluster()) == "cpu-cpu-8dev-1x8"
+
+
+def test_profile_tool_writes_a_keyed_profile_that_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALPA_PASS_PROFILE_DIR", str(tmp_path / "cache"))
+    data = profile_tool.profile_cluster("cache", axes=[(2, 4), (4, 1)], sizes=(65536, 1 << 20), repeats=3,
+                                        iters=4, matmul_n=128, memory_bytes=4 << 20, dtypes=("float32",))
+    path = tmp_path / "cache" / "cpu-cpu-8dev-1x8.json"
+    assert data["key"] == "cpu-cpu-8dev-1x8" and path.exists()
+    assert data["cluster"] == {"platform": "cpu", "device_kind": "cpu", "num_devices": 8, "devices_per_process": [8]}
+    assert [(a["size"], a["stride"]) for a in data["axes"]] == [(2, 4), (4, 1)]
+    for axis in data["axes"]:
+        assert sorted(axis["kinds"]) == sorted(cost_profile.KINDS)
+        assert all([b for b, _ in k["samples"]] == [65536, 1 << 20] for k in axis["kinds"].values())
+        assert axis["alpha"] >= 0 and axis["beta"] >= 0
+    assert data["compute"]["matmul_flops_per_s"]["float32"] > 0 and data["compute"]["memory_bytes_per_s"] > 0
+    loaded = cost_profile.load(path)
+    assert loaded.data == json.loads(json.dumps(data)) and loaded == ap.AutoShardingOption(profile=str(path)).profile
+    again = cost_profile.ClusterProfile.from_dict(json.loads(loaded.to_json()))
+    assert again.digest == loaded.digest
+    assert loaded.mesh_costs((2, 4)) == ((data["axes"][0]["alpha"], data["axes"][1]["alpha"]),
+                                         (data["axes"][0]["beta"], data["axes"][1]["beta"]))
+    with pytest.raises(OptionError, match="sizes \\[2, 4\\], not 8"):
+        loaded.mesh_costs((8,))
+
+
+def test_bad_profiles_are_option_errors(tmp_path):
+    with pytest.raises(OptionError, match="alpa-pass profile --out"):
+        ap.AutoShardingOption(profile=str(tmp_path / "missing.json"))
+    bad = synthetic({1: 1e-9, 2: 1e-9, 4: 1e-9})
+    del bad["compute"]
+    with pytest.raises(OptionError, match="malformed"):
+        ap.AutoShardingOption(profile=bad)
+    with pytest.raises(OptionError, match="not an alpa_pass profile"):
+        ap.AutoShardingOption(profile={"axes": []})
+    with pytest.raises(OptionError, match="must be None, 'auto'"):
+        ap.AutoShardingOption(profile=3)
+
+
+def test_profile_sets_the_mesh_and_compute_costs_the_core_receives():
+    mesh = ap.LogicalMesh(shape=(2, 4), alpha=(1.0, 1.0), beta=(1.0, 1.0))
+    plain = ap.AutoShardingOption()
+    assert plain.core_mesh(mesh).beta == [1.0, 1.0] and plain.to_core().compute_cost_per_flop == 1e-9
+    option = ap.AutoShardingOption(profile=synthetic({1: 1e-8, 2: 5e-9, 4: 1e-7}, alpha=2e-5, flops=4e9))
+    core = option.core_mesh(mesh)
+    assert core.shape == [2, 4] and core.alpha == [2e-5, 2e-5] and core.beta == [1e-7, 1e-8]  # strides 4, 1
+    opts = option.to_core()
+    assert opts.compute_cost_per_flop == pytest.approx(1 / 4e9)
+    assert opts.memory_cost_per_byte == pytest.approx(1e-9 * 1e-8)  # the tie-breaker x median beta
+    assert option.core_mesh(ap.LogicalMesh(shape=(4, 2))).beta == [5e-9, 1e-8]  # (4, stride 2), (2, stride 1)
+
+
+MLP = mlp.Config(num_layers=2, hidden=64, batch=32)
+
+
+@pytest.fixture(scope="module")
+def mlp_step():
+    params, batch = mlp.init(jax.random.key(0), MLP), mlp.make_batch(jax.random.key(1), MLP)
+    loss = mlp.make_loss_fn()
+
+    def step(params, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    return step, params, batch
+
+
+def _plan(mlp_step, profile, **kw):
+    step, params, batch = mlp_step
+    option = ap.AutoShardingOption(profile=profile, **kw)
+    method = ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), option=option)
+    return ap.parallelize(step, method=method).plan(params, batch)
+
+
+def _axes_used(plan) -> set:
+    return {a for spec in plan.input_specs + plan.output_specs for entry in spec if entry is not None
+            for a in ((entry,) if isinstance(entry, str) else entry)}
+
+
+@pytest.mark.parametrize("slow", ["x", "y"])
+def test_a_10x_slower_axis_is_not_split(mlp_step, slow):
+    # x = (2 devices, stride 4), y = (4 devices, stride 1). Compute at 1 GFLOP/s makes splitting
+    # the MLP's dots pay on an axis at 1e-8 s/B and not at 1e-7 s/B (heavy ops may run replicated).
+    fast, slow_beta = 1e-8, 1e-7
+    betas = {1: slow_beta if slow == "y" else fast, 2: fast, 4: slow_beta if slow == "x" else fast}
+    plan = _plan(mlp_step, synthetic(betas), allow_replicated_heavy_ops=True)
+    assert _axes_used(plan) == {"x", "y"} - {slow}
+    # the objective is the plan's predicted seconds under the profile: far below the unit-cost one
+    assert 1e-6 < plan.objective < 1e-2
+
+
+def test_the_fingerprint_and_cache_key_follow_the_profile(mlp_step, tmp_path, monkeypatch, caplog):
+    a, b = synthetic({1: 1e-8, 2: 1e-8, 4: 1e-8}), synthetic({1: 1e-8, 2: 1e-8, 4: 2e-8})
+    plans = {name: _plan(mlp_step, p, plan_cache_dir=str(tmp_path / "plans"))
+             for name, p in (("none", None), ("a", a), ("b", b))}
+    prints = {name: p.fingerprint for name, p in plans.items()}
+    assert len(set(prints.values())) == 3
+    assert plans["a"].made_with["options"]["profile"].startswith("profile synthetic sha256:")
+    assert plans["none"].made_with["options"]["profile"] is None
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 3  # one cache entry each
+    assert _plan(mlp_step, a, plan_cache_dir=str(tmp_path / "plans")).origin == "cache"
+    assert fingerprint("m", [], 1) != fingerprint("m", [], 1, profile=cost_profile.ClusterProfile.from_dict(a))
+    # profile="auto": the cached profile of this cluster, found by its key; none there: unit costs
+    monkeypatch.setenv("ALPA_PASS_PROFILE_DIR", str(tmp_path / "profiles"))
+    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+        assert _plan(mlp_step, "auto").fingerprint == prints["none"]
+    assert "no profile of this cluster" in caplog.text
+    path = cost_profile.cache_path(cost_profile.cluster_key(**cost_profile.current_cluster()))
+    assert path == str(tmp_path / "profiles" / "cpu-cpu-8dev-1x8.json")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "cpu-cpu-8dev-1x8.json").write_text(cost_profile.ClusterProfile.from_dict(b).to_json())
+    assert _plan(mlp_step, "auto").fingerprint == prints["b"]
+
+
+def test_cli_has_a_profile_command(capsys):
+    from alpa_pass.launch import cli
+
+    ns = cli.parser().parse_args(["profile", "--out", "p.json", "--sizes", "4096,65536", "--iters", "4"])
+    assert (ns.command, ns.out, ns.sizes, ns.iters, ns.repeats) == ("profile", "p.json", "4096,65536", 4, 5)
+    assert cli.parser().parse_args(["profile"]).out == "cache"
+
+
+def test_mesh_search_compares_measured_costs(mlp_step):
+    step, params, batch = mlp_step
+
+    def search(profile):
+        option = ap.AutoShardingOption(profile=profile, allow_replicated_heavy_ops=True)
+        plan = ap.parallelize(step, method=ap.ShardParallel(mesh="auto", option=option)).plan(params, batch)
+        return {"x".join(map(str, t["shape"])): t for t in plan.mesh_search}, plan
+
+    # unit costs: 4x2 is 2x4 with its axes swapped, solved once
+    assert search(None)[0]["4x2"]["same_as"] == [2, 4]
+    # stride-1 axes 10x slower: 2x4 (its 4-axis has stride 1) and 4x2 (its 2-axis has) differ
+    tried, plan = search(synthetic({1: 1e-7, 2: 1e-8, 4: 1e-8}))
+    assert "same_as" not in tried["4x2"] and tried["4x2"]["objective"] != tried["2x4"]["objective"]
+    assert plan.objective == min(t["objective"] for t in tried.values() if t["objective"] is not None)
+
+
+def test_auto_stage_latencies_under_a_profile_are_seconds():
+    # tests/integration/test_pipeshard.py's heavy-layer case, costed with a profile: 1 GFLOP/s, cheap links
+    import jax.numpy as jnp
+
+    from alpa_pass.pipeline.compile.pipeshard import micro_avals
+    from alpa_pass.pipeline.partition import stage_search
+    from alpa_pass.pipeline.partition.layers import manual_layers
+    from alpa_pass.pipeline.trace.step import trace_step
+
+    reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
+
+    def loss_fn(params, batch):
+        x = batch["x"]
+        for r, layer in zip(reps, params):
+            for _ in range(r):
+                x = jnp.tanh(x @ layer["kernel"])
+            ap.mark_pipeline_boundary()
+        return jnp.mean((x - batch["y"]) ** 2)
+
+    hidden, batch, micro = 64, 16384, 8
+    params = [{"kernel": jax.ShapeDtypeStruct((hidden, hidden), jnp.float32)} for _ in reps]
+    data = {"x": jax.ShapeDtypeStruct((batch, hidden), jnp.float32),
+            "y": jax.ShapeDtypeStruct((batch, hidden), jnp.float32)}
+    cluster = ap.LogicalMesh(shape=(1, 8))
+    option = ap.AutoShardingOption(profile=synthetic({1: 1e-9, 2: 1e-9, 4: 1e-9}, alpha=1e-5, flops=1e9))
+    method = ap.PipeshardParallel(mesh=cluster, num_micro_batches=micro, option=option,
+                                  stage_option=ap.AutoStageOption(submesh_logical_shapes="same"))
+    traced = trace_step(lambda p, b: ap.grad(loss_fn)(p, b), (params, data), (1,),
+                        lambda a, m: micro_avals(a, m, micro, "step"))
+    costs = {}
+    real = stage_search.stage_cost
+
+    def recording(traced, program, mesh, method):
+        cost = real(traced, program, mesh, method)
+        costs.setdefault(mesh.num_devices, []).append(cost)
+        return cost
+
+    stage_search.stage_cost = recording
+    try:
+        auto = stage_search.auto_stages(traced, manual_layers(traced.loss), cluster, method)
+    finally:
+        stage_search.stage_cost = real
+    # the whole step on one device: 20 dots (layer 0: forward + weight gradient, layer 1: 4 x 3,
+    # layers 2-3: 3 each) of 2 x (batch / micro) x hidden^2 FLOPs at 1e9 FLOP/s (+ a few % elementwise)
+    dots = 20 * 2 * (batch // micro) * hidden * hidden / 1e9
+    assert max(costs[1]) == pytest.approx(dots, rel=0.05)
+    assert max(costs[8]) == pytest.approx(max(costs[1]) / 8, rel=0.05)  # data parallel, links nearly free
+    assert len(auto) == 1 and auto[0].mesh.num_devices == 8  # so one 8-device stage beats any pipeline
