@@ -39,9 +39,11 @@ class InfeasibleError(AlpaPassError):
     """The sharding ILP has no solution (e.g. memory budget too small).
 
     ``smallest_feasible_bytes``: for a memory budget no plan meets, the smallest per-device budget
-    the planner estimates feasible (None otherwise)."""
+    the planner estimates feasible (None otherwise); ``lower_bound_bytes``: a proven per-device
+    peak below which no plan fits (None when not computed)."""
 
     smallest_feasible_bytes = None
+    lower_bound_bytes = None
 
 
 class SolverError(AlpaPassError):

@@ -89,16 +89,24 @@ class LogicalMesh:
     def to_core(self):
         return _core.Mesh(shape=list(self.shape), alpha=list(self.alpha), beta=list(self.beta))
 
-    def spec_to_partition_spec(self, spec: Sequence[int], rank: int):
-        """Core spec (tensor dim per mesh axis, -1 = none) -> ``jax.sharding.PartitionSpec``."""
+    def spec_to_partition_spec(self, spec: Sequence[int], rank: int, order: Sequence[str] = ()):
+        """Core spec (tensor dim per mesh axis, -1 = none) -> ``jax.sharding.PartitionSpec``
+        (a dim split over several axes lists them in ``order``, see :meth:`dim_axes`)."""
         from jax.sharding import PartitionSpec
 
-        return PartitionSpec(*[_entry(axes) for axes in self.dim_axes(spec, rank)])
+        return PartitionSpec(*[_entry(axes) for axes in self.dim_axes(spec, rank, order)])
 
-    def dim_axes(self, spec: Sequence[int], rank: int) -> list[tuple[str, ...]]:
-        """Per tensor dim, the mesh axis names splitting it (major to minor)."""
+    def dim_axes(self, spec: Sequence[int], rank: int, order: Sequence[str] = ()) -> list[tuple[str, ...]]:
+        """Per tensor dim, the mesh axis names splitting it (major to minor).
+
+        A core spec says which axes split a dim, not in which order; ``order`` (axis names, most
+        major first: a plan's ``axis_order``) decides it, mesh order when empty."""
+        ranked = [self.axis_names.index(a) for a in order] if order else range(len(self.axis_names))
+        if order and sorted(ranked) != list(range(len(self.axis_names))):
+            raise MeshError(f"axis order {tuple(order)} is not a permutation of the mesh axes {self.axis_names}")
         out = [[] for _ in range(rank)]
-        for axis, dim in enumerate(spec):
+        for axis in ranked:
+            dim = spec[axis] if axis < len(spec) else -1
             if dim >= 0:
                 out[dim].append(self.axis_names[axis])
         return [tuple(a) for a in out]

@@ -88,10 +88,6 @@ def test_on_2x4_no_parameter_changes_layout():
     assert len(reads) <= len(train_reads)
 
 
-@pytest.mark.xfail(strict=True, reason="emission orders the mesh axes of a dim split over several axes "
-                                       "by a module-wide priority (emit.constraints._axis_priority) while "
-                                       "entry shardings keep mesh order, so XLA permutes such parameters on "
-                                       "entry; the train step does the same")
 def test_on_2x4_no_collective_reads_a_parameter():
     _, exe, n = _follow_mlp(ap.ShardParallel, (2, 4))
     assert parameter_reads(exe.hlo_text(), set(range(n))) == []

@@ -145,6 +145,39 @@ def test_infeasible_budget_names_the_smallest_feasible_one(gpt_free):
         _parallel(step, (1, 8), int(smallest * 0.97)).plan(state, batch)
 
 
+def test_infeasible_budget_is_decided_by_the_lower_bound_not_the_untied_solve(gpt_free, monkeypatch):
+    """A budget below every tied plan's peak: the untied ILP is never solved under the budget
+    (on LLaMA-8B it ran into the time limit: SolverError); the LP relaxation of its least-memory
+    problem proves no plan fits, so the error is deterministic. It names the smallest budget (a
+    plan reaching it exists), the bound, and the levers."""
+    from alpa_pass.driver import planning
+
+    step, state, batch, free = gpt_free
+    assert free.ilp_size["groups_untied"] > free.ilp_size["groups"], "no repeated layers tied: weak test"
+    budgeted_solves = []
+    real = planning.solve_within_budget
+
+    def record(problem, budget, options, where):
+        budgeted_solves.append(int(problem.ilp.num_groups))
+        return real(problem, budget, options, where)
+
+    monkeypatch.setattr(planning, "solve_within_budget", record)
+    budget = int(free.predicted_peak_bytes * 0.2)
+    with pytest.raises(InfeasibleError) as info:
+        _parallel(step, (1, 8), budget).plan(state, batch)
+    assert budgeted_solves == [free.ilp_size["groups"]]  # the tied ILP only
+    e = info.value
+    assert e.lower_bound_bytes is not None and budget < e.lower_bound_bytes <= e.smallest_feasible_bytes
+    assert e.smallest_feasible_bytes <= 1.05 * e.lower_bound_bytes
+    message = str(e)
+    named = int(re.search(r"estimates feasible is [\d.e+-]+ GiB \((\d+) bytes\)", message).group(1))
+    assert named == e.smallest_feasible_bytes
+    for lever in ("ap.Zero3Parallel", "ap.PipeshardParallel", "jax.checkpoint", "memory_budget_per_device"):
+        assert lever in message, (lever, message)
+    # the named budget is one a plan meets
+    assert _parallel(step, (1, 8), named).plan(state, batch).predicted_peak_bytes <= named
+
+
 def test_budget_must_be_positive():
     with pytest.raises(ValueError, match="memory_budget_per_device"):
         ap.AutoShardingOption(memory_budget_per_device=0)

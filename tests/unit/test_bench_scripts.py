@@ -13,7 +13,7 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # What `pip install -e '.[test]'` adds over `.[bench]`: a benchmark must not need any of it.
-TEST_ONLY = ("pytest", "_pytest", "hypothesis", "flax", "equinox", "keras", "mpi4py", "orbax", "tests")
+TEST_ONLY = ("pytest", "_pytest", "hypothesis", "equinox", "keras", "mpi4py", "orbax", "tests")
 
 DRIVER = r'''
 import contextlib, importlib, importlib.abc, io, json, os, pathlib, runpy, sys

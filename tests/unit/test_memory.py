@@ -8,7 +8,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.budget import redundant_memory_rows, row_wise_lower_bound, solve_within_budget
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph
 
@@ -171,6 +171,72 @@ def test_infeasible_budget_names_the_least_peak():
         solve_within_budget(prob, least - 1, SolveOptions(), "1x4")
     ok = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
     assert solve_within_budget(ok, least, SolveOptions(), "1x4").assignment is not None
+
+
+def test_dropping_dominated_memory_rows_keeps_the_optimum():
+    """``redundant_memory_rows``: of three budget rows, the one below another coefficient-wise
+    and one of two equal rows are dropped; the optimum is the brute-force one at every budget."""
+    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
+    edges = [(0, 1, np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 1.0]]))]
+    big = (np.array([0, 0, 1, 1]), np.array([0, 1, 0, 2]), np.array([10.0, 4.0, 6.0, 1.0]))
+    small = (np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([5.0, 4.0, 1.0]))     # <= big
+    other = (np.array([0, 1]), np.array([1, 1]), np.array([9.0, 7.0]))               # not comparable
+    for upper in (11.0, 13.0, 20.0):
+        rows = [(*small, -np.inf, upper), (*big, -np.inf, upper), (*big, -np.inf, upper), (*other, -np.inf, upper)]
+        prob = _core.build_ilp(groups, edges, rows=rows)
+        start = prob.linear_row_start
+        assert list(redundant_memory_rows(prob)) == [start, start + 1]  # small, and the first of the equal pair
+        plans = [np.array(a) for a in itertools.product(range(2), range(3))]
+        feasible = [a for a in plans if not _core.evaluate(prob, a).violations]
+        sol = solve_ilp(prob, SolveOptions(rel_gap=0.0), drop_rows=redundant_memory_rows(prob))
+        assert not _core.evaluate(prob, sol.assignment).violations
+        assert sol.objective == pytest.approx(min(_core.evaluate(prob, a).objective for a in feasible))
+
+
+def test_row_wise_lower_bound():
+    """Each row at its own minimum: a group counts only where all its strategies are in the row."""
+    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
+    big = (np.array([0, 0, 1, 1, 1]), np.array([0, 1, 0, 1, 2]), np.array([10.0, 4.0, 6.0, 2.0, 3.0]))
+    part = (np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([7.0, 8.0, 9.0]))
+    prob = _core.build_ilp(groups, [], rows=[(*big, -np.inf, 100.0), (*part, -np.inf, 100.0)])
+    assert row_wise_lower_bound(prob) == pytest.approx(max(4.0 + 2.0, 7.0))
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    least = min(free.predicted_peak(a)[0] for a in all_assignments(free.ilp))
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
+    assert 0 < row_wise_lower_bound(prob.ilp) <= least
+
+
+def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch):
+    """Row generation: a budget the free optimum meets is one solve with no memory row; at every
+    binding budget the result is the brute-force optimum (the free solve first, then with rows)."""
+    from alpa_pass.driver import budget as budget_module
+
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    assignments = all_assignments(free.ilp)
+    best = solve_ilp(free.ilp, SolveOptions(rel_gap=0.0))
+    peak = free.predicted_peak(best.assignment)[0]
+    kept_rows = []
+    real = budget_module.solve_ilp
+
+    def record(ilp, opts, start=None, drop_rows=None):
+        kept_rows.append(ilp.num_rows - ilp.linear_row_start - len(drop_rows if drop_rows is not None else ()))
+        return real(ilp, opts, start=start, drop_rows=drop_rows)
+
+    monkeypatch.setattr(budget_module, "solve_ilp", record)
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(peak), [])
+    sol = solve_within_budget(prob, peak, SolveOptions(rel_gap=0.0), "1x4")
+    assert kept_rows == [0] and sol.objective == pytest.approx(best.objective, rel=1e-12)
+    peaks = sorted({free.predicted_peak(a)[0] for a in assignments})
+    binding = [b for b in peaks if b < peak]
+    assert binding, "no budget below the free optimum's peak: weak test"
+    for budget in binding:
+        kept_rows.clear()
+        prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget), [])
+        sol = solve_within_budget(prob, budget, SolveOptions(rel_gap=0.0), "1x4")
+        want = min(_core.evaluate(prob.ilp, a).objective for a in assignments if free.predicted_peak(a)[0] <= budget)
+        assert sol.objective == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert prob.predicted_peak(sol.assignment)[0] <= budget
+        assert kept_rows[0] == 0 and len(kept_rows) >= 2
 
 
 def chain_with_rows(upper):

@@ -32,7 +32,7 @@ def _plan(graph, v: int, node_spec, operand_specs):
     node_specs = [list(NONE) for _ in range(graph.num_nodes)]
     operands = [[list(NONE) for _ in graph.operands(u)] for u in range(graph.num_nodes)]
     node_specs[v], operands[v] = list(node_spec), [list(s) for s in operand_specs]
-    return types.SimpleNamespace(node_specs=node_specs, operand_specs=operands)
+    return types.SimpleNamespace(node_specs=node_specs, operand_specs=operands, axis_order=[])
 
 
 def _weight_grad(a, g):  # [batch, in], [batch, out] -> [in, out]: contracts the batch

@@ -84,6 +84,9 @@ def test_save_and_load_a_file(plan, tmp_path):
     (lambda d: "{not json", "invalid JSON"),
     (lambda d: json.dumps({**d, "format": "other"}), "not an alpa_pass plan"),
     (lambda d: json.dumps({**d, "format_version": 99}), "format version 99"),
+    # version 1 listed the axes of a multi-axis dim in mesh order, emission in another: refused
+    (lambda d: json.dumps({**d, "format_version": 1}), "format version 1 .* re-plan"),
+    (lambda d: json.dumps({**d, "axis_order": ["x", "x"]}), "corrupt.*axis_order"),
     (lambda d: json.dumps({k: v for k, v in d.items() if k != "node_specs"}), "incomplete or corrupt.*node_specs"),
     (lambda d: json.dumps({**d, "operand_specs": d["operand_specs"][:-1]}), "corrupt"),
     (lambda d: json.dumps({**d, "mesh": {**d["mesh"], "alpha": [1.0]}}), "corrupt"),
@@ -255,3 +258,24 @@ def test_shard_parallel_plan_and_auto_options(plan, tmp_path):
         ap.ShardParallel(mesh="best")
     with pytest.raises(ValueError, match="show_progress"):
         ap.AutoShardingOption(show_progress="yes")
+
+
+def test_leaf_specs_list_multi_axis_dims_in_the_plan_axis_order(planned):
+    """One axis order per plan: the entry/output specs and every node's spec list the axes of a
+    dim split over both mesh axes in ``plan.axis_order`` (what emission writes), also after a
+    JSON round trip."""
+    plan, graph = planned
+    assert sorted(plan.axis_order) == ["x", "y"]
+    multi = [s for s in plan.input_specs + plan.output_specs for e in s if isinstance(e, tuple) and len(e) > 1]
+    for spec in multi:
+        for e in spec:
+            if isinstance(e, tuple) and len(e) > 1:
+                assert list(e) == [a for a in plan.axis_order if a in e]
+    for v in graph.param_nodes():
+        assert plan.choices[v].spec == plan.mesh.spec_to_partition_spec(plan.node_specs[v], len(graph.shape(v)),
+                                                                        plan.axis_order)
+    back = ap.Plan.from_json(plan.to_json())
+    assert back.axis_order == plan.axis_order and back.input_specs == plan.input_specs
+    assert [c.spec for c in back.choices] == [c.spec for c in plan.choices]
+    reordered = ap.LogicalMesh(shape=(2, 4)).spec_to_partition_spec([0, 0], 1, ("y", "x"))
+    assert reordered == P(("y", "x"))

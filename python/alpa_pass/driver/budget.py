@@ -6,47 +6,220 @@ in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+
+import numpy as np
+import scipy.sparse
 
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
-from alpa_pass.solve.highs import Solution, SolveOptions, solve_ilp
+from alpa_pass.solve.highs import Solution, SolveOptions, lp_bound, solve_ilp
+
+log = logging.getLogger("alpa_pass")
+
+
+# What a user can change when no plan fits: named in every memory InfeasibleError.
+LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split the layers into "
+          "pipeline stages (ap.PipeshardParallel), recompute activations in the backward pass "
+          "(jax.checkpoint, remat) or use more devices")
+
+
+# Rounds of memory-row generation after the free solve (round 0) before the budgeted ILP is solved
+# with every undominated row. 0: on the LLaMA-8B-shaped step (8x8, 40 GiB, a loaded 2-core host)
+# round 1 with the 414 rows the free plan broke ran into a 600 s time limit, longer than the full
+# solve, so only the free solve is tried (what a budget the free plan meets needs).
+MAX_ROW_ROUNDS = 0
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
     """Solve ``problem.ilp`` (a ``_core.ShardingProblem``, memory rows included when ``budget``).
 
+    With a budget, memory rows are added lazily (:func:`_solve_with_row_generation`): the ILP is
+    solved without them (a plan meeting them all is the optimum: that of a relaxation, and
+    feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
+    ILP is solved with every memory row no other row dominates. A default budget is often met by
+    the free plan (one solve, no rows).
+
+    When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
+    the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
+    plan"); none under it is an ``InfeasibleError``.
+
     Raises:
       InfeasibleError: no plan fits ``budget``; the message names the smallest budget the planner
-        estimates feasible (the optimum of ``_core.min_max_row_problem``) in GiB and bytes.
+        estimates feasible (the optimum of ``_core.min_max_row_problem``) in GiB and bytes, a
+        lower bound below which no plan fits (its LP relaxation) and the levers (``LEVERS``).
       SolverError / InfeasibleError from ``solve_ilp`` when the budget is not the cause.
     """
+    budgeted = budget is not None and problem.num_memory_rows > 0
+    redundant = None
     try:
-        return solve_ilp(problem.ilp, options)
+        if budgeted:
+            found = _solve_with_row_generation(problem, options, where)
+            if found is not None:
+                return found
+            redundant = redundant_memory_rows(problem.ilp)
+            log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
+                     len(redundant), problem.num_memory_rows)
+        return solve_ilp(problem.ilp, options, drop_rows=redundant)
     except (InfeasibleError, SolverError) as e:
-        if budget is None or problem.num_memory_rows == 0:
+        if not budgeted:
             raise
-        smallest = smallest_feasible_peak(problem, options)
-        if smallest is None or (isinstance(e, SolverError) and smallest <= budget):
+        if isinstance(e, SolverError) and options.objective_bound is not None:
+            raise  # a mesh search's cutoff (or a stop) on a shape that cannot beat the best one
+        options = dataclasses.replace(options, objective_bound=None)
+        found = least_memory_plan(problem, options)
+        if found is None:
             raise
-        err = InfeasibleError(
-            f"no sharding plan on mesh {where} keeps the per-device peak memory under "
-            f"memory_budget_per_device = {_gib(budget)} GiB ({int(budget)} bytes); the smallest budget "
-            f"the planner estimates feasible is {_gib(smallest)} GiB ({math.ceil(smallest)} bytes); "
-            f"raise memory_budget_per_device or use more devices")
-        err.smallest_feasible_bytes = math.ceil(smallest)
-        raise err from e
+        smallest, assignment = found
+        if smallest <= budget:
+            if isinstance(e, InfeasibleError):
+                raise  # the budget is not what makes it infeasible
+            return solve_ilp(problem.ilp, options, start=assignment, drop_rows=redundant)  # never worse than it
+        raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
-def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
-    """The least per-device peak any plan of ``problem`` reaches (None if no plan exists at all,
-    e.g. contradictory ties). Solves "minimise M, every memory row <= M" (same one-hot and tie
-    constraints, no costs); within the solver's gap of the optimum."""
+def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> Solution | None:
+    """The budgeted optimum found by adding memory rows lazily, or None (then the caller solves
+    with all rows): round 0 solves without memory rows; each round adds the rows its plan breaks
+    and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
+    it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
+    the ILP has none (InfeasibleError). Only finished solves count (a time-limited one or
+    ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
+    ilp = problem.ilp
+    start, n = int(ilp.linear_row_start), int(ilp.num_rows)
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(n, int(ilp.num_cols)))
+    rows, upper = a[start:, :].tocsr(), np.asarray(ilp.row_upper)[start:]
+    active = np.zeros(n - start, dtype=bool)
+    for round_ in range(MAX_ROW_ROUNDS + 1):
+        try:
+            solution = solve_ilp(ilp, options, drop_rows=np.flatnonzero(~active) + start)
+        except SolverError:
+            if options.objective_bound is not None:
+                raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
+            return None
+        # an InfeasibleError propagates: a relaxation with no plan proves the full ILP has none
+        if solution.time_limited:
+            log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
+            return None
+        x = np.zeros(int(ilp.num_cols))
+        x[:] = solution.x
+        broken = (rows @ x > upper * (1 + 1e-9) + 1e-6) & ~active
+        if not broken.any():
+            log.info("alpa_pass: mesh %s: budgeted optimum after %d row rounds with %d of %d memory rows",
+                     where, round_, int(active.sum()), active.size)
+            return solution
+        active |= broken
+        log.info("alpa_pass: mesh %s: row round %d broke %d memory rows (%d in the ILP now)", where, round_,
+                 int(broken.sum()), int(active.sum()))
+    return None
+
+
+def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarray:
+    """Indices of memory rows that another memory row dominates (every coefficient <= the
+    other's, same upper bound), compared within ``window`` schedule points: dropping them leaves
+    the feasible plans, and so the optimum, unchanged. Memory rows are the live bytes at
+    schedule points, so neighbouring points mostly hold subsets of each other's tensors.
+
+    A row is dropped only when it is below a row in the strict order "dominated, or equal with a
+    lower index"; the maximal rows of that order stay, and every dropped row is below one."""
+    start = int(ilp.linear_row_start)
+    if start >= ilp.num_rows:
+        return np.zeros(0, dtype=np.int64)
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(int(ilp.num_rows), int(ilp.num_cols)))
+    m = a[start:, :].tocsr()
+    upper = np.asarray(ilp.row_upper)[start:]
+    n = m.shape[0]
+    dropped = np.zeros(n, dtype=bool)
+    for k in range(1, min(window, n - 1) + 1):
+        d = (m[k:] - m[:-k]).tocsr()  # row i: m[i + k] - m[i]
+        d.sum_duplicates()
+        neg = d.copy()
+        neg.data = (neg.data < -tol).astype(np.int8)
+        pos = d.copy()
+        pos.data = (pos.data > tol).astype(np.int8)
+        no_neg = np.asarray(neg.sum(axis=1)).ravel() == 0  # m[i] <= m[i + k]
+        no_pos = np.asarray(pos.sum(axis=1)).ravel() == 0  # m[i + k] <= m[i]
+        same_bound = upper[k:] == upper[:-k]
+        equal = no_neg & no_pos
+        dropped[:-k] |= same_bound & no_neg  # m[i] below m[i + k] (equal: the lower index goes)
+        dropped[k:] |= same_bound & no_pos & ~equal
+    return np.flatnonzero(dropped) + start
+
+
+def infeasible_error(where: str, budget: float, smallest: float, lower: float | None = None,
+                     which: str = "") -> InfeasibleError:
+    """The InfeasibleError for a budget no plan meets: ``smallest`` = the least peak of a plan the
+    planner found (its ``smallest_feasible_bytes``), ``lower`` = a proven lower bound on every
+    plan's peak (``lower_bound_bytes``; ``which``: which plans it bounds, e.g. untied ones)."""
+    bound = "" if lower is None else \
+        f"; no plan{which} fits under {_gib(lower)} GiB ({math.floor(lower)} bytes, a lower bound)"
+    err = InfeasibleError(
+        f"no sharding plan on mesh {where} keeps the per-device peak memory under "
+        f"memory_budget_per_device = {_gib(budget)} GiB ({int(budget)} bytes); the smallest budget "
+        f"the planner estimates feasible is {_gib(smallest)} GiB ({math.ceil(smallest)} bytes){bound}; "
+        f"raise memory_budget_per_device, or {LEVERS}")
+    err.smallest_feasible_bytes = math.ceil(smallest)
+    err.lower_bound_bytes = None if lower is None else math.floor(lower)
+    return err
+
+
+def least_memory_plan(problem, options: SolveOptions) -> tuple | None:
+    """(peak bytes, assignment) of the plan of ``problem`` with the least per-device peak (None if
+    no plan exists at all, e.g. contradictory ties): "minimise M, every memory row <= M" (same
+    one-hot and tie constraints, no costs), within the solver's gap of the optimum."""
     try:
         solution = solve_ilp(_core.min_max_row_problem(problem.ilp), options)
     except (InfeasibleError, SolverError):
         return None
-    return float(problem.predicted_peak(solution.assignment)[0])
+    return float(problem.predicted_peak(solution.assignment)[0]), solution.assignment
+
+
+def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
+    """The least per-device peak any plan of ``problem`` reaches (``least_memory_plan``)."""
+    found = least_memory_plan(problem, options)
+    return None if found is None else found[0]
+
+
+def memory_lower_bound(problem, options: SolveOptions, budget: float | None = None) -> float | None:
+    """A proven lower bound on the per-device peak of every plan of ``problem`` (memory rows
+    needed): :func:`row_wise_lower_bound` (closed form) and, unless that already exceeds
+    ``budget``, the LP relaxation of ``_core.min_max_row_problem`` (the larger of the two).
+    Deterministic (no branching, no incumbent); the LP part is left out if it does not solve
+    (time limit)."""
+    if problem.num_memory_rows == 0:
+        return None
+    cheap = row_wise_lower_bound(problem.ilp)
+    if budget is not None and cheap > budget:
+        return cheap
+    lp = lp_bound(_core.min_max_row_problem(problem.ilp), options)
+    return cheap if lp is None else max(cheap, lp)
+
+
+def row_wise_lower_bound(ilp) -> float:
+    """max over memory rows of the sum over ILP groups of the group's least coefficient in the
+    row (0 unless every strategy of the group appears in it): each row at its own minimum, with
+    every group free, so no plan (tied or not, any edges) has a peak below it."""
+    start = int(ilp.linear_row_start)
+    if start >= ilp.num_rows:
+        return 0.0
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(int(ilp.num_rows), int(ilp.num_cols)))
+    groups = np.asarray(ilp.group_var_start, dtype=np.int64)
+    m = a[start:, groups[0]:groups[-1]].tocoo()
+    group = np.searchsorted(groups, m.col + groups[0], side="right") - 1
+    sizes = np.diff(groups)
+    key = m.row.astype(np.int64) * len(sizes) + group
+    order = np.argsort(key, kind="stable")
+    key, value = key[order], m.data[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    least = np.minimum.reduceat(value, first)
+    count = np.diff(np.r_[first, key.size])
+    full = count == sizes[key[first] % len(sizes)]
+    per_row = np.bincount(key[first][full] // len(sizes), weights=least[full], minlength=m.shape[0])
+    return float(per_row.max()) if per_row.size else 0.0
 
 
 def _gib(nbytes: float) -> str:

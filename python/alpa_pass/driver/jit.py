@@ -25,7 +25,7 @@ from alpa_pass.trace.lower import fn_name, leaf_aval, lower
 
 
 def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None = None,
-              donate_argnums=(), pinned_args=None, pin_policy=None, pin_uses: bool = False):
+              donate_argnums=(), pinned_args=None, pin_policy=None, pin_uses: bool = False, axis_order=()):
     """Trace, extract, build and solve: the Plan for ``fn(*args)`` (nothing compiled).
 
     Returns (plan, graph, out_treedef).
@@ -40,6 +40,8 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
     decided on the extracted step (presets: ``methods.presets.PresetParallel.pins``).
     ``pin_uses``: the ops reading a pinned value read it in its pinned layout too (nothing
     reshards it; ``FollowParallel``).
+    ``axis_order``: the plan's axis order for multi-axis dims (``PlanRequest.axis_order``), when
+    its layouts must match another plan's; empty: the planner's own.
     Arguments are traced abstractly: one committed to another sharding (another plan's output,
     a ``device_put``) is planned like an uncommitted one and resharded on entry.
     """
@@ -67,19 +69,21 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         request = PlanRequest.create(graph, lowered.as_text(debug_info=False), leaves, meshes, option,
                                      out_avals=jax.tree.leaves(lowered.out_info), ties=ties,
                                      pins=pins, name=fn_name(fn), saved=saved,
-                                     timings=timings, pinned_uses=[v for v, _ in pins] if pin_uses else ())
+                                     timings=timings, pinned_uses=[v for v, _ in pins] if pin_uses else (),
+                                     axis_order=axis_order)
         plan = plan_request(request, progress)
     return plan, graph, lowered.out_tree
 
 
 def plan_and_compile(fn, args, meshes, option: AutoShardingOption, donate_argnums=(),
                      saved: Plan | None = None, pinned_args=None, pin_policy=None,
-                     pin_uses: bool = False) -> tuple[Plan, object]:
+                     pin_uses: bool = False, axis_order=()) -> tuple[Plan, object]:
     """Plan ``fn(*args)`` (see :func:`make_plan`) and compile it for ``plan.mesh``.
     Returns (plan, jax ``Compiled``)."""
     args = jax.tree.map(leaf_aval, args)
     plan, graph, out_tree = make_plan(fn, args, meshes, option, saved=saved, donate_argnums=donate_argnums,
-                                      pinned_args=pinned_args, pin_policy=pin_policy, pin_uses=pin_uses)
+                                      pinned_args=pinned_args, pin_policy=pin_policy, pin_uses=pin_uses,
+                                      axis_order=axis_order)
     return plan, compile_plan(fn, args, plan, graph, out_tree, option, donate_argnums)
 
 

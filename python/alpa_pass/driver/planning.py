@@ -18,11 +18,12 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import resolve_budget, solve_within_budget
+from alpa_pass.driver.budget import infeasible_error, memory_lower_bound, resolve_budget, solve_within_budget
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
-from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError
+from alpa_pass.emit.targets import plan_axis_order
+from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError, SolverError
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
@@ -56,6 +57,8 @@ def plan_request(request: PlanRequest, progress=None) -> Plan:
             return _plan_one(request, mesh, option, progress)
 
         plan = search_meshes(tuple(request.meshes), bounded, request.option.core_mesh)
+    if request.axis_order and list(request.axis_order) != list(plan.axis_order):
+        plan.order_axes(request.axis_order, request.graph)  # layouts shared with another plan
     for i in request.key_inputs:  # a key array's spec, not its key data's (planned replicated)
         plan.input_specs[i] = PartitionSpec()
     for i in request.key_outputs:
@@ -114,7 +117,8 @@ def core_graph(graph: OpGraph):
 
 
 def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
-                ties=(), timings: dict | None = None, progress=None, pins=(), pinned_uses=()) -> Plan:
+                ties=(), timings: dict | None = None, progress=None, pins=(), pinned_uses=(),
+                tied_infeasible: InfeasibleError | None = None) -> Plan:
     """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
@@ -122,6 +126,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     ``pins``: (node, core spec) pairs the node's result must have (an empty spec: replicated;
     ValueError naming the node if it has no such strategy). ``pinned_uses``: pinned nodes that
     their users must read as pinned (a user that cannot is left free and logged).
+    ``tied_infeasible``: the InfeasibleError of the same graph planned with repeated layers tied
+    (this call plans them untied): raised again, with the untied plans' lower bound, when that
+    bound already exceeds the budget.
     """
     timings = {} if timings is None else timings
     where = "x".join(map(str, mesh.shape))
@@ -141,11 +148,13 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
                     len(problem.unpinned_uses), ", ".join(graph.labels[v] for v in problem.unpinned_uses[:8]))
     timings["build"] = time.perf_counter() - t
+    if tied_infeasible is not None:
+        _check_untied_bound(problem, option, where, tied_infeasible)
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
     try:
         solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where)
-    except InfeasibleError:
+    except InfeasibleError as e:
         loop_ties = set(map(tuple, graph.ties)) & set(map(tuple, ties))
         if loop_ties:
             # A loop's carried slot may have no layout that both its carry and its yield can take
@@ -159,18 +168,44 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
             raise
         # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
         log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
-        return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
-                           timings, progress, pins, pinned_uses)
+        try:
+            return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
+                               timings, progress, pins, pinned_uses, tied_infeasible=e)
+        except SolverError as untied:
+            smallest = getattr(e, "smallest_feasible_bytes", None)
+            if smallest is None:
+                raise
+            # the untied ILP (far larger) stopped without a plan (a limit, not a proof): the tied
+            # least-memory plan is still the smallest budget known to be feasible: name it
+            raise infeasible_error(where, option.memory_budget_per_device, smallest, None) from untied
     timings["solve"] = solution.solve_time_s
     _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
     plan = build_plan(graph, problem, solution, mesh, timings)
+    plan.order_axes(plan_axis_order(graph, plan, mesh, option.emit), graph)
     plan.refinement = refinement
     plan.made_with = serialize.made_with(option)
     check_divisible(graph, plan, mesh)
     return plan
+
+
+def _check_untied_bound(problem, option: AutoShardingOption, where: str, tied: InfeasibleError) -> None:
+    """Raise ``tied`` again (with the bound) if no untied plan can meet the budget either.
+
+    Untying repeated layers lets each layer copy take its own layout, so the untied problem's
+    least peak can be below the tied one's (``tied.smallest_feasible_bytes``) but never below
+    ``driver.budget.memory_lower_bound`` (every row at its own minimum; else the LP relaxation of
+    its min-max-memory problem): when that bound exceeds the budget, no plan fits, proven
+    without solving the (much larger) untied ILP. Otherwise the untied ILP decides.
+    """
+    budget = option.memory_budget_per_device
+    smallest = getattr(tied, "smallest_feasible_bytes", None)
+    lower = memory_lower_bound(problem, option.solve_options(), budget)
+    log.info("alpa_pass: untied plans' memory lower bound on mesh %s: %s bytes (budget %d)", where, lower, budget)
+    if smallest is not None and lower is not None and lower > budget:
+        raise infeasible_error(where, budget, smallest, lower, " (with or without repeated layers tied)") from tied
 
 
 def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:

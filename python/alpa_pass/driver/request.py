@@ -40,6 +40,9 @@ class PlanRequest:
       name: the planned function's name (messages, logs).
       saved: a Plan to apply instead of solving (checked against the fingerprint and mesh).
       timings: seconds of the phases run before planning ("trace", "extract").
+      axis_order: mesh axis names, most major first, for the plan's multi-axis dims (its entry
+        shardings and emission), when they must match another plan's (``FollowParallel``,
+        ``CreateStateParallel``); empty: the planner decides (``Plan.axis_order``).
     """
 
     graph: OpGraph
@@ -54,11 +57,12 @@ class PlanRequest:
     key_inputs: tuple = ()
     key_outputs: tuple = ()
     pinned_uses: tuple = ()
+    axis_order: tuple = ()
 
     @classmethod
     def create(cls, graph: OpGraph, module_text: str, arg_avals, meshes, option: AutoShardingOption, *,
                out_avals=(), ties=(), pins=(), name: str = "fn", saved: Plan | None = None,
-               timings=None, pinned_uses=()) -> "PlanRequest":
+               timings=None, pinned_uses=(), axis_order=()) -> "PlanRequest":
         """A request whose fingerprint covers the module, the argument avals, the donated
         arguments (``graph.donated_args``), the pins, pinned uses and the cost profile
         (``option.profile``; "auto" is resolved here, once, to the current cluster's cached
@@ -71,17 +75,18 @@ class PlanRequest:
         pinned.update((int(v), ()) for v in key_nodes)
         ties, pins = (*ties, *graph.ties), tuple(sorted(pinned.items()))
         pinned_uses = tuple(sorted(int(v) for v in pinned_uses))
+        axis_order = tuple(axis_order)
         if option.profile == "auto":
             option = dataclasses.replace(option, profile=cost_profile.resolve("auto"))
         digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins, pinned_uses,
-                             option.profile)
+                             axis_order, option.profile)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
                    name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,
-                   key_outputs=key_outputs, pinned_uses=pinned_uses)
+                   key_outputs=key_outputs, pinned_uses=pinned_uses, axis_order=axis_order)
 
 
 def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=(), pinned_uses=(),
-                profile: cost_profile.ClusterProfile | None = None) -> str:
+                axis_order=(), profile: cost_profile.ClusterProfile | None = None) -> str:
     """Identity of a plan request as the planner sees it (stable across processes).
 
     Args:
@@ -91,6 +96,7 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
       donated: flat indices of donated argument leaves (donation changes memory liveness).
       pins: (node, core spec) pairs forced on the planner (presets, pipeline parameters).
       pinned_uses: pinned nodes whose users must read them as pinned (``PlanRequest.pinned_uses``).
+      axis_order: an axis order imposed on the plan (``PlanRequest.axis_order``).
       profile: the measured cost profile planned with (its content digest), if any.
     """
     h = hashlib.sha256(canonical_text(module_text).encode())
@@ -101,6 +107,8 @@ def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=()
         h.update(f"|pinned={[(int(v), list(s)) for v, s in pins]}".encode())
     if pinned_uses:
         h.update(f"|pinned_uses={sorted(int(v) for v in pinned_uses)}".encode())
+    if axis_order:
+        h.update(f"|axis_order={list(axis_order)}".encode())
     if profile is not None:
         h.update(f"|profile={profile.digest}".encode())
     return h.hexdigest()

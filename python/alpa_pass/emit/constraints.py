@@ -145,21 +145,25 @@ def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
     return out
 
 
-def _axis_priority(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> dict:
-    """Axis name -> rank (0 = most major) for dims split over several mesh axes.
+def axis_order(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> tuple:
+    """The mesh axis names, most major first: the order in which a dim split over several mesh
+    axes lists them, in the plan's entry shardings and in every constraint emission writes (one
+    order per plan: ``Plan.axis_order``, set by the planner from this function).
 
     The plan says which axes split a dim, not in which order; XLA's tiles are major-to-minor.
     Adding or dropping an axis of a split dim is one all-to-all / all-gather (what the cost model
     charges) only if the axes the two layouts share are the major ones; otherwise XLA also
     permutes the whole tensor (a collective-permute). So an axis kept across more resharding edges
     of the plan (value -> same-shaped consumer value, value -> use-site layout) ranks more major;
-    ties keep mesh order. One global order keeps every pair of layouts consistent.
+    ties keep mesh order. One global order keeps every pair of layouts consistent. ``specs``:
+    node -> per-dim axis names of the constrained values; ``uses``: (node, operand) -> the
+    use-site layouts (any axis order: only which axes are shared counts).
     """
     kept = dict.fromkeys(axis_names, 0)
 
     def count(src, dst):
         for s, d in zip(src, dst):
-            if s != d and s and d:
+            if set(s) != set(d) and s and d:
                 for a in set(s) & set(d):
                     kept[a] += 1
 
@@ -171,18 +175,21 @@ def _axis_priority(graph: OpGraph, specs: dict, uses: dict, axis_names: list) ->
         u = graph.operands(v)[t]
         if u in specs:
             count(specs[u], dims)
-    ranked = sorted(axis_names, key=lambda a: (-kept[a], axis_names.index(a)))
-    return {a: i for i, a in enumerate(ranked)}
+    return tuple(sorted(axis_names, key=lambda a: (-kept[a], axis_names.index(a))))
 
 
-def order_shared_dims(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> tuple:
-    """``specs`` and ``uses`` with the axes of each multi-axis dim in ``_axis_priority`` order."""
-    rank = _axis_priority(graph, specs, uses, axis_names)
+def order_shared_dims(graph: OpGraph, specs: dict, uses: dict, axis_names: list, order=None) -> tuple:
+    """``specs`` and ``uses`` with the axes of each multi-axis dim in ``order`` (axis names, most
+    major first; default: :func:`axis_order` of these specs and uses)."""
+    order = axis_order(graph, specs, uses, axis_names) if not order else tuple(order)
+    if sorted(order) != sorted(axis_names):
+        raise ShardingError(f"axis order {order} is not a permutation of the mesh axes {tuple(axis_names)}")
+    rank = {a: i for i, a in enumerate(order)}
 
-    def order(dims):
+    def ordered(dims):
         return tuple(tuple(sorted(d, key=rank.__getitem__)) for d in dims)
 
-    return ({v: order(d) for v, d in specs.items()}, {k: order(d) for k, d in uses.items()})
+    return ({v: ordered(d) for v, d in specs.items()}, {k: ordered(d) for k, d in uses.items()})
 
 
 def _changed(what: str) -> EmitError:
@@ -264,7 +271,8 @@ def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) 
 
 def insert_constraints(module: ir.Module, graph: OpGraph,
                        node_dim_shardings: dict[int, list[tuple[str, ...]]],
-                       mesh_name: str = "mesh", operand_dim_shardings: dict | None = None) -> EmitReport:
+                       mesh_name: str = "mesh", operand_dim_shardings: dict | None = None,
+                       axis_order: tuple | None = None) -> EmitReport:
     """Insert one ``sdy.sharding_constraint`` per requested value of ``graph`` into ``module``.
 
     Args:
@@ -276,6 +284,9 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
       operand_dim_shardings: (node id, operand index) -> dims: a constraint on that one use of the
         operand, placed right before the consuming op (the layout the plan reshards the operand
         to for that consumer). Only for nodes whose graph operands are the op's MLIR operands.
+      axis_order: the mesh axis names, most major first, in which a dim split over several axes
+        lists them (a plan's ``axis_order``, which its entry shardings use too); None: decided
+        here by :func:`axis_order` of the requested specs.
     Returns:
       An :class:`EmitReport` with counts.
     Raises:
@@ -290,7 +301,7 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             for (v, t), dims in (operand_dim_shardings or {}).items()}
     for (v, t), dims in uses.items():
         _check_spec(graph, graph.operands(v)[t], dims, axes)
-    specs, uses = order_shared_dims(graph, specs, uses, list(axes))
+    specs, uses = order_shared_dims(graph, specs, uses, list(axes), axis_order)
     report = EmitReport()
     targets = _resolve(module, graph, _value_groups(graph, specs, report))
     use_targets = _resolve_uses(_matched_ops(module, graph), graph, uses, report)

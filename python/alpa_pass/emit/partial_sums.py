@@ -74,13 +74,13 @@ def partial_sums(graph: OpGraph, plan, mesh: LogicalMesh) -> dict[int, PartialSu
         if not axes:
             continue
         shape = graph.shape(v)
-        local_dims = tuple(mesh.dim_axes(plan.node_specs[v], len(shape)))
+        local_dims = tuple(mesh.dim_axes(plan.node_specs[v], len(shape), plan.axis_order))
         dim = _scatter_dim(shape, local_dims, axes, mesh)
         if dim is None:
             continue
         names = tuple(mesh.axis_names[a] for a in axes)
         out_dims = tuple(d + names if i == dim else d for i, d in enumerate(local_dims))
-        operand_dims = tuple(tuple(mesh.dim_axes(s, len(graph.shape(u))))
+        operand_dims = tuple(tuple(mesh.dim_axes(s, len(graph.shape(u)), plan.axis_order))
                              for s, u in zip(plan.operand_specs[v], graph.operands(v)))
         out[v] = PartialSum(v, tuple(axes), dim, operand_dims, local_dims, out_dims)
     return out

@@ -33,7 +33,8 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
     mesh = plan.mesh
     located = locate_partial_sum_dots(module, graph, plan, mesh) if option.prefer_reduce_scatter else []
     report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option.emit), mesh_name,
-                                operand_dim_shardings=operand_targets(graph, plan, mesh))
+                                operand_dim_shardings=operand_targets(graph, plan, mesh),
+                                axis_order=tuple(plan.axis_order) or None)
     if located:
         report.reduce_scattered = rewrite_reduce_scatter(module, located, mesh, mesh_name)
         log.info("%s: %d partial-sum dots reduce-scattered", name, report.reduce_scattered)

@@ -6,7 +6,7 @@ reads an operand resharded. Both are per-dim tuples of mesh axis names (``Logica
 """
 from __future__ import annotations
 
-from alpa_pass.emit.constraints import slice_first
+from alpa_pass.emit.constraints import axis_order, slice_first
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
@@ -25,6 +25,14 @@ def constraint_targets(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all
             continue
         out[v] = mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)))
     return out
+
+
+def plan_axis_order(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all") -> tuple:
+    """The axis order (mesh axis names, most major first) of ``plan``'s multi-axis dims:
+    ``emit.constraints.axis_order`` of the values and uses emission constrains. The planner
+    stores it as ``Plan.axis_order``; entry shardings and constraints both follow it."""
+    return axis_order(graph, constraint_targets(graph, plan, mesh, emit), operand_targets(graph, plan, mesh),
+                      list(mesh.axis_names))
 
 
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:

@@ -67,7 +67,7 @@ class CreateStateParallel(IntraOpMethod):
 
     def _plan(self, fn, args, donate_argnums):
         """make_plan's (plan, graph, out_tree) with every output in the train step's layout."""
-        mesh, specs = self._state_layouts(fn, args)
+        mesh, specs, order = self._state_layouts(fn, args)
         option, unpinned = self.planning_option(), []
 
         def policy(graph, ties, _):
@@ -75,29 +75,33 @@ class CreateStateParallel(IntraOpMethod):
             unpinned.extend(i for i, ok in enumerate(feasible) if not ok)
             return [(v, s) for v, s, ok in zip(graph.output_nodes(), specs, feasible) if ok]
 
-        plan, graph, out_tree = make_plan(fn, args, mesh, option, donate_argnums=donate_argnums, pin_policy=policy)
+        plan, graph, out_tree = make_plan(fn, args, mesh, option, donate_argnums=donate_argnums, pin_policy=policy,
+                                          axis_order=order)
         for i in unpinned:
-            plan.output_specs[i] = mesh.spec_to_partition_spec(specs[i], len(graph.shape(graph.output_nodes()[i])))
+            plan.output_specs[i] = plan.partition_spec(specs[i], len(graph.shape(graph.output_nodes()[i])))
         return plan, graph, out_tree
 
     def _state_layouts(self, init_fn, args):
-        """(the train step's LogicalMesh, the core spec of each of the init's output leaves there)."""
+        """(the train step's LogicalMesh, the core spec of each of the init's output leaves there,
+        the train plan's axis order)."""
         state = jax.eval_shape(init_fn, *args)
         train_args = (state, *self.example_batch)
         if isinstance(self.train_step, Executable) or hasattr(self.train_step, "get_executable"):
             exe = train_executable(self.train_step, train_args)
             mesh, shardings, treedef = exe.plan.mesh, exe.input_shardings, exe.in_treedef.children()[0]
+            order = tuple(exe.plan.axis_order)
         elif callable(self.train_step):
             plan = self.method.plan_for(self.train_step, train_args, ())
             mesh, jmesh = plan.mesh, plan.mesh.jax_mesh()
             shardings, treedef = [NamedSharding(jmesh, s) for s in plan.input_specs], jax.tree.structure(state)
+            order = tuple(plan.axis_order)
         else:
             raise TypeError(f"CreateStateParallel(train_step, ...) takes a function, its ap.parallelize'd "
                             f"version or an Executable, got {type(self.train_step).__name__}")
         if treedef != jax.tree.structure(state):
             raise ShardingError(f"{fn_name(init_fn)} returns {jax.tree.structure(state)} but the train step's "
                                 f"first argument (the state) is {treedef}; the init must build that state")
-        return mesh, core_specs(shardings[:treedef.num_leaves], mesh)
+        return mesh, core_specs(shardings[:treedef.num_leaves], mesh), order
 
 
 def _feasible(graph, ties, mesh, option, specs) -> list[bool]:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from alpa_pass.extract.graph import OpKind
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.layouts import core_specs, match_leaves, train_executable
 from alpa_pass.methods.shard import IntraOpMethod
@@ -48,6 +51,10 @@ class FollowParallel(IntraOpMethod):
         """The train step's mesh."""
         return self.followed().plan.mesh
 
+    def axis_order(self) -> tuple:
+        """The train step's axis order: shared layouts list split axes alike."""
+        return tuple(self.followed().plan.axis_order)
+
     def pin_policy(self, mesh: LogicalMesh):
         return lambda graph, ties, args: self.pins(graph, ties, mesh, args)
 
@@ -60,4 +67,34 @@ class FollowParallel(IntraOpMethod):
         matches = sorted(match_leaves(exe.abstract_inputs, args).items())
         nodes = graph.param_nodes()
         specs = core_specs([exe.input_shardings[j] for _, j in matches], mesh)
-        return [(nodes[i], spec) for (i, _), spec in zip(matches, specs)]
+        return _with_unit_dim_views(graph, [(nodes[i], spec) for (i, _), spec in zip(matches, specs)])
+
+
+def _with_unit_dim_views(graph, pins: list) -> list:
+    """``pins`` plus, for each pinned value, the broadcasts and reshapes of it that only add or
+    drop size-1 dims (``bias[None, :]`` before a broadcast to the batch): the same data in the same
+    layout, so they are pinned (and read) as the parameter is; otherwise the planner could
+    reshard such a view and XLA would move the parameter's bytes."""
+    pinned = {int(v): list(s) for v, s in pins}
+    out = list(pins)
+    for v in range(graph.num_nodes):
+        kind, ops = OpKind(int(graph.kind[v])), graph.operands(v)
+        if kind not in (OpKind.BROADCAST, OpKind.RESHAPE) or len(ops) != 1 or ops[0] not in pinned:
+            continue
+        src, dst = graph.shape(ops[0]), graph.shape(v)
+        if int(np.prod(src, dtype=np.int64)) != int(np.prod(dst, dtype=np.int64)):
+            continue
+        big_src = [d for d, n in enumerate(src) if n > 1]
+        if kind == OpKind.BROADCAST:
+            where = dict(enumerate(graph.node_attrs(v)))  # operand dim -> output dim
+        else:
+            big_dst = [d for d, n in enumerate(dst) if n > 1]
+            if [src[d] for d in big_src] != [dst[d] for d in big_dst]:
+                continue
+            where = dict(zip(big_src, big_dst))
+        spec = pinned[ops[0]]
+        if any(d >= 0 and d not in where for d in spec):
+            continue
+        pinned[v] = [where[d] if d >= 0 else -1 for d in spec]
+        out.append((v, pinned[v]))
+    return out

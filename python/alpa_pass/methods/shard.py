@@ -39,6 +39,11 @@ class IntraOpMethod(ParallelMethod):
         forces once the step is extracted (presets)."""
         return None
 
+    def axis_order(self) -> tuple:
+        """The axis order the plan must use for multi-axis dims (another plan's, whose layouts
+        it shares: ``FollowParallel``); empty: the planner's own."""
+        return ()
+
     def pins(self, graph, ties, mesh: LogicalMesh, args=None) -> list:
         """(parameter node, core spec) pins for an extracted graph; ``args`` None when its
         arguments are flat leaves (the plugin): none unless the method forces layouts."""
@@ -54,7 +59,7 @@ class IntraOpMethod(ParallelMethod):
         fn = self.step_function(fn)
         plan, compiled = plan_and_compile(fn, args, mesh, self.planning_option(), donate_argnums,
                                           saved=self.saved_plan, pin_policy=self._policy(mesh),
-                                          pin_uses=self.pin_uses)
+                                          pin_uses=self.pin_uses, axis_order=self.axis_order())
         return Executable(plan, compiled, jax.tree.structure(args), jax.tree.structure(compiled.output_shardings))
 
     def plan_for(self, fn, args, donate_argnums) -> Plan:
@@ -62,7 +67,7 @@ class IntraOpMethod(ParallelMethod):
         fn = self.step_function(fn)
         plan, _, _ = make_plan(fn, args, mesh, self.planning_option(), saved=self.saved_plan,
                                donate_argnums=donate_argnums, pin_policy=self._policy(mesh),
-                               pin_uses=self.pin_uses)
+                               pin_uses=self.pin_uses, axis_order=self.axis_order())
         return plan
 
     def _policy(self, mesh):

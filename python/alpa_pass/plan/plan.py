@@ -43,6 +43,9 @@ class Plan:
       predicted: {"compute", "communication", "resharding"} parts of the objective, and
         "peak_bytes": the predicted per-device peak memory (also ``predicted_peak_bytes``).
       input_specs / output_specs: one ``PartitionSpec`` per argument / output leaf.
+      axis_order: the mesh axis names, most major first, in which a dim split over several mesh
+        axes lists them, in ``input_specs`` / ``output_specs`` and in every constraint emission
+        writes (``emit.targets.plan_axis_order``; empty: mesh order). Set with :meth:`order_axes`.
       node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
       operand_specs: per node, the core spec each operand must have for the chosen strategy.
       choices: a NodeChoice per graph node.
@@ -84,6 +87,21 @@ class Plan:
     mesh_search: list = dataclasses.field(default_factory=list)
     refinement: dict = dataclasses.field(default_factory=dict)
     memory_budget: dict = dataclasses.field(default_factory=dict)
+    axis_order: list = dataclasses.field(default_factory=list)
+
+    def partition_spec(self, spec, rank: int):
+        """A core spec (tensor dim per mesh axis, -1 = none) as a ``PartitionSpec`` in this plan's
+        axis order."""
+        return self.mesh.spec_to_partition_spec(spec, rank, self.axis_order)
+
+    def order_axes(self, order, graph: OpGraph) -> None:
+        """Set ``axis_order`` (mesh axis names, most major first) and rewrite the argument, output
+        and per-node ``PartitionSpec``s of ``graph``'s nodes in it."""
+        self.axis_order = list(order)
+        for c in self.choices:
+            c.spec = self.partition_spec(self.node_specs[c.node], len(c.shape))
+        self.input_specs = [self.choices[v].spec for v in graph.param_nodes()]
+        self.output_specs = [self.choices[v].spec for v in graph.output_nodes()]
 
     def summary(self, max_rows: int = 20) -> str:
         """A text report: mesh, ILP size and timings, predicted costs, largest tensors first."""

@@ -10,6 +10,8 @@ A plan file is one JSON object, one top-level key per line (the large per-node a
   (``fingerprint``, ``made_with`` = alpa_pass and jax versions and planning options,
   ``objective``, ``predicted``, ``ilp_size``, ``timings``, ``mesh_search``, ``node_specs``,
   ``operand_specs``, ...);
+* ``axis_order``: mesh axis names, most major first: the order of the axes of a dim split over
+  several (``Plan.axis_order``);
 * ``choices``: per graph node, columns kind/label/shape/dtype_bytes/strategy/cost (the rows of
   ``Plan.summary()``; their ``PartitionSpec`` is rebuilt from ``node_specs``).
 """
@@ -28,7 +30,9 @@ from alpa_pass.errors import PlanMismatchError
 from alpa_pass.mesh import LogicalMesh
 
 FORMAT = "alpa_pass.plan"
-FORMAT_VERSION = 1
+# 2: ``axis_order`` (the axis order of multi-axis dims in the leaf specs and in emission; version
+# 1 files listed such dims in mesh order while emission ordered them otherwise: refused).
+FORMAT_VERSION = 2
 
 # Plan fields stored in their own form (everything else must be JSON-native data).
 _SPECIAL_FIELDS = frozenset({"mesh", "choices", "input_specs", "output_specs", "emit_report"})
@@ -104,10 +108,14 @@ def plan_from_dict(d, plan_cls, choice_cls):
                            beta=tuple(d["mesh"]["beta"]), axis_names=tuple(d["mesh"]["axis_names"]))
         fields = {f.name: d[f.name] for f in dataclasses.fields(plan_cls)
                   if f.name not in _SPECIAL_FIELDS and (f.name in d or _required(f))}
+        order = fields.get("axis_order", [])
+        if order and (not isinstance(order, list) or sorted(map(str, order)) != sorted(mesh.axis_names)):
+            raise ValueError(f"axis_order {order!r} is not an order of the mesh axes {list(mesh.axis_names)}")
         cols = d["choices"]
         rows = zip(*(cols[c] for c in _CHOICE_COLUMNS))
         choices = [choice_cls(node=v, kind=kind, label=label, shape=tuple(shape), dtype_bytes=int(nbytes),
-                              spec=mesh.spec_to_partition_spec(fields["node_specs"][v], len(shape)),
+                              spec=mesh.spec_to_partition_spec(fields["node_specs"][v], len(shape),
+                                                                fields.get("axis_order", ())),
                               strategy=strategy, cost=float(cost))
                    for v, (kind, label, shape, nbytes, strategy, cost) in enumerate(rows)]
         input_specs = [_partition_spec(e) for e in d["input_specs"]]
@@ -129,7 +137,7 @@ def plan_from_dict(d, plan_cls, choice_cls):
 _FIELD_TYPES = {"objective": (int, float), "predicted": dict, "node_specs": list, "operand_specs": list,
                 "ilp_size": dict, "solve_time_s": (int, float), "solver_status": str, "mip_gap": (int, float),
                 "timings": dict, "fallbacks": dict, "fingerprint": str, "made_with": dict, "origin": str,
-                "mesh_search": list, "refinement": dict}
+                "mesh_search": list, "refinement": dict, "axis_order": list}
 
 
 def _wrong_types(fields: dict) -> list[str]:

@@ -56,12 +56,14 @@ class Solution:
     node_limited: bool = False  # stopped by the node limit: deterministic, but maybe not optimal
 
 
-def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> Solution:
+def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_rows=None) -> Solution:
     """Solve ``problem`` (an ``alpa_pass._core.IlpProblem``).
 
     ``start``: optional strategy index per ILP group, a feasible assignment handed to HiGHS as its
     first incumbent (every group column given; HiGHS completes the edge columns), so the result is
     never worse than ``start`` (ValueError if it has the wrong length or an index out of range).
+    ``drop_rows``: indices of rows to leave out (redundant rows, or a relaxation's: memory rows
+    added lazily, ``driver.budget``).
 
     Raises:
       InfeasibleError: HiGHS proved the problem infeasible.
@@ -88,9 +90,13 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None) -> So
         h.setOptionValue("mip_heuristic_run_rins", False)
         h.setOptionValue("mip_heuristic_run_rens", False)
         h.setOptionValue("mip_allow_restart", False)
-    reduced = eliminate.reduce(problem) if options.eliminate_chains else None
+    rows = np.asarray([] if drop_rows is None else drop_rows, dtype=np.int32)
+    # the exact reduction renumbers no rows but folds groups away; it is for unbudgeted solves
+    reduced = eliminate.reduce(problem) if options.eliminate_chains and not rows.size else None
     model = problem if reduced is None else reduced.model
     _pass_model(h, model, highspy)
+    if rows.size:
+        h.deleteRows(len(rows), np.unique(rows))
     if start is not None:
         _check_start(problem, start)
         _set_start(h, model, start if reduced is None else reduced.start(start), highspy)
@@ -137,6 +143,26 @@ def _raise_which(status, highspy) -> str:
     if status == highspy.HighsModelStatus.kSolutionLimit:
         return "raise AutoShardingOption.solver_node_limit"
     return "the sharding ILP may be malformed; please report it"
+
+
+def lp_bound(problem, options: SolveOptions = SolveOptions()) -> float | None:
+    """The optimum of ``problem``'s LP relaxation (integrality dropped): a lower bound on every
+    integer solution's objective. Deterministic (simplex, no branching); None if HiGHS does not
+    reach the LP optimum (a time limit: then nothing is proven)."""
+    with _quiet_stdout(not options.log_to_console):
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.log_to_console))
+    h.setOptionValue("time_limit", float("inf") if options.time_limit_s is None else float(options.time_limit_s))
+    h.setOptionValue("threads", int(options.threads))
+    h.setOptionValue("random_seed", int(options.seed))
+    h.setOptionValue("solve_relaxation", True)
+    _pass_model(h, problem, highspy)
+    if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+        h.resetGlobalScheduler(True)  # see solve_ilp
+        h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
 
 
 def _pass_model(h, problem, highspy) -> None:

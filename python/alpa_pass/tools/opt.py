@@ -109,7 +109,7 @@ def _auto_shard(module: ir.Module, value: Optional[str], opts: argparse.Namespac
     plan = plan_request(request)
     ensure_mesh(module, opts.mesh_name, dict(zip(mesh.axis_names, mesh.shape)))
     set_num_partitions(module, mesh.num_devices)
-    dims = [mesh.dim_axes(plan.node_specs[v], len(graph.shape(v))) for v in range(graph.num_nodes)]
+    dims = [mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)), plan.axis_order) for v in range(graph.num_nodes)]
     set_entry_shardings(module, opts.entry, [dims[v] for v in graph.param_nodes()],
                         [dims[v] for v in graph.output_nodes()], opts.mesh_name)
     report = emit_plan(module, graph, plan, option, mesh_name=opts.mesh_name, name=opts.entry)
