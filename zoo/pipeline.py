@@ -26,6 +26,23 @@ def make_gpt_loss(config: gpt.Config, boundaries: bool = True):
     return gpt.make_loss_fn(config.heads, _boundary(boundaries))
 
 
+def make_heavy_layer_loss(reps=(1, 4, 1, 1)):
+    """``loss_fn(params, batch)`` of tanh layers over ``params[i]["kernel"]``, layer ``i`` applying
+    its kernel ``reps[i]`` times (the default: layer 1 has 4x the FLOPs of the others), a
+    boundary after every layer: the case where automatic stages must give one layer more devices."""
+    import jax.numpy as jnp
+
+    def loss_fn(params, batch):
+        x = batch["x"]
+        for r, layer in zip(reps, params):
+            for _ in range(r):
+                x = jnp.tanh(x @ layer["kernel"])
+            ap.mark_pipeline_boundary()
+        return jnp.mean((x - batch["y"]) ** 2)
+
+    return loss_fn
+
+
 def make_step(loss_fn, optimizer):
     """``train_step(state, batch) -> (state, loss)`` of ``loss_fn``, gradients by ``alpa_pass.value_and_grad``."""
     return train_step_for(loss_fn, optimizer, ap.value_and_grad)

@@ -12,7 +12,7 @@ import pytest
 import alpa_pass as ap
 from tests.helpers import assert_same_run, reference_run, run_steps
 from zoo import default_optimizer, gpt, mlp, setup as model_setup
-from zoo.pipeline import make_gpt_loss, make_mlp_loss, make_step, mlp_loss
+from zoo.pipeline import make_gpt_loss, make_heavy_layer_loss, make_mlp_loss, make_step, mlp_loss
 
 STEPS = 3
 
@@ -102,14 +102,7 @@ def test_auto_stages_give_a_heavy_layer_more_devices():
     from alpa_pass.pipeline.trace.step import trace_step
 
     reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
-
-    def loss_fn(params, batch):
-        x = batch["x"]
-        for r, layer in zip(reps, params):
-            for _ in range(r):
-                x = jnp.tanh(x @ layer["kernel"])
-            ap.mark_pipeline_boundary()
-        return jnp.mean((x - batch["y"]) ** 2)
+    loss_fn = make_heavy_layer_loss(reps)
 
     hidden, batch = 64, 16384
     params = [{"kernel": jax.ShapeDtypeStruct((hidden, hidden), jnp.float32)} for _ in reps]

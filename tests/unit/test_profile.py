@@ -14,6 +14,7 @@ from alpa_pass.driver.request import fingerprint
 from alpa_pass.errors import OptionError
 from alpa_pass.tools import profile as profile_tool
 from zoo import mlp
+from zoo.pipeline import make_heavy_layer_loss
 
 
 def synthetic(beta_by_stride: dict, alpha: float = 1e-5, flops: float = 1e9, key: str = "synthetic") -> dict:
@@ -209,14 +210,7 @@ def test_auto_stage_latencies_under_a_profile_are_seconds():
     from alpa_pass.pipeline.trace.step import trace_step
 
     reps = (1, 4, 1, 1)  # layer 1 applies its kernel 4 times: 4x the FLOPs of the others
-
-    def loss_fn(params, batch):
-        x = batch["x"]
-        for r, layer in zip(reps, params):
-            for _ in range(r):
-                x = jnp.tanh(x @ layer["kernel"])
-            ap.mark_pipeline_boundary()
-        return jnp.mean((x - batch["y"]) ** 2)
+    loss_fn = make_heavy_layer_loss(reps)
 
     hidden, batch, micro = 64, 16384, 8
     params = [{"kernel": jax.ShapeDtypeStruct((hidden, hidden), jnp.float32)} for _ in reps]
