@@ -110,7 +110,7 @@ def test_saved_by_two_processes_restored_by_one(tmp_path):
     """mpirun -np 2 (2 devices each): every process writes its own shards; this process (8
     devices) restores the state bit for bit into the layouts of a plan on 1x8."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
-    proc, _ = _launch("mpi_checkpoint.py", str(ckpt), str(out), "2x2", devices=2, timeout=240)
+    proc = _launch("mpi_checkpoint.py", str(ckpt), str(out), "2x2", devices=2, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert int(got["process_count"]) == 2
