@@ -300,3 +300,34 @@ def test_optax_multisteps_through_parallelize():
         np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def _create_state(rng, x):
+    """flax's usual ``create_train_state``: the optimizer is made inside, so each trace builds a new
+    ``optax.adam`` (new closures) as the output pytree's static metadata."""
+    params = MLP().init(rng, x[:1])["params"]
+    return train_state.TrainState.create(apply_fn=MLP().apply, params=params, tx=optax.adam(1e-2))
+
+
+@pytest.mark.parametrize("budget", [None, "64KiB"])
+def test_an_init_that_makes_its_optimizer_inside(budget):
+    """Planned and compiled although every trace of the init returns a TrainState with a new
+    optimizer (jax rejected out_shardings built on the planning trace's treedef: TraceError). With
+    a budget under the whole state's bytes, the planner relaxes its restrictions (tied layers,
+    then merged followers) until a plan fits, instead of calling the budget infeasible: the merged
+    ILP (Adam's zero moments are one broadcast op per shape) had no plan under it."""
+    _, x, y = _state_and_data()
+    want = jax.jit(_create_state)(jax.random.key(0), x)
+    whole = sum(leaf.nbytes for leaf in jax.tree.leaves(want))
+    option = ap.AutoShardingOption(memory_budget_per_device=budget)
+    init = ap.parallelize(_create_state, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8)), option=option))
+    got = init(jax.random.key(0), x)
+    assert type(got) is train_state.TrainState and jax.tree.structure(got.params) == jax.tree.structure(want.params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    plan = init.get_executable(jax.random.key(0), x).plan
+    if budget is not None:
+        assert whole > 64 * 2**10 >= plan.predicted_peak_bytes, (whole, plan.predicted_peak_bytes)
+    _, losses = _run(jax.jit(train_step), got, x, y)
+    _, want_losses = _run(jax.jit(train_step), want, x, y)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import time
 
 import jax
@@ -97,7 +99,8 @@ def compile_plan(fn, args, plan: Plan, graph, out_tree, option: AutoShardingOpti
     treedef = jax.tree.structure(args)
     in_sh = tuple(jax.tree.unflatten(treedef, [NamedSharding(jmesh, s) for s in plan.input_specs]))
     out_sh = jax.tree.unflatten(out_tree, [NamedSharding(jmesh, s) for s in plan.output_specs])
-    lowered = lower(fn, args, donate_argnums=donate_argnums, in_shardings=in_sh, out_shardings=out_sh)
+    lowered = lower(_with_tree(fn, out_tree), args, donate_argnums=donate_argnums, in_shardings=in_sh,
+                    out_shardings=out_sh)
     plan.emit_report = emit_plan(_compat.lowered_module(lowered), graph, plan, option, name=fn_name(fn))
     plan.timings["emit"] = time.perf_counter() - t
 
@@ -108,3 +111,16 @@ def compile_plan(fn, args, plan: Plan, graph, out_tree, option: AutoShardingOpti
         raise CompileError(f"XLA rejected the plan for {fn_name(fn)} on mesh {plan.mesh.shape}: {e}") from e
     plan.timings["compile"] = time.perf_counter() - t
     return compiled
+
+
+def _with_tree(fn, out_tree):
+    """``fn`` returning its output leaves in ``out_tree`` (the planning trace's output structure).
+
+    Each trace of ``fn`` may build its output's static pytree metadata anew: flax's
+    ``TrainState.create(..., tx=optax.adam(1e-3))`` inside an init makes a new optimizer (new
+    closures, unequal to the last trace's) every time, and jax then rejects ``out_shardings`` built
+    on the planning trace's treedef for the compiling trace's output. Same leaves, same program."""
+    @functools.wraps(fn)
+    def same_tree(*args):
+        return jax.tree.unflatten(out_tree, jax.tree.leaves(fn(*args)))
+    return same_tree

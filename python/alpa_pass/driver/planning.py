@@ -148,8 +148,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
                     len(problem.unpinned_uses), ", ".join(graph.labels[v] for v in problem.unpinned_uses[:8]))
     timings["build"] = time.perf_counter() - t
-    if tied_infeasible is not None:
-        _check_untied_bound(problem, option, where, tied_infeasible)
+    if tied_infeasible is not None and _bound_exceeds_budget(problem, option, where, tied_infeasible):
+        return _solve_relaxed(graph, mesh, _relaxed(option), ties, timings, progress, pins, pinned_uses,
+                              tied_infeasible)
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
     try:
@@ -164,20 +165,13 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                      "planning with the %d loop ties dropped", where, len(loop_ties))
             return solve_graph(graph, mesh, option, [t for t in ties if tuple(t) not in loop_ties], timings,
                                progress, pins, pinned_uses)
-        if option.memory_budget_per_device is None or not option.tie_repeated_layers:
+        relaxed = _relaxed(option)
+        if option.memory_budget_per_device is None or relaxed is None:
             raise
-        # Ties force every copy of a layer into one layout; a budget may need a mix of layouts.
-        log.info("alpa_pass: no tied plan fits the memory budget on mesh %s; planning untied", where)
-        try:
-            return solve_graph(graph, mesh, dataclasses.replace(option, tie_repeated_layers=False), ties,
-                               timings, progress, pins, pinned_uses, tied_infeasible=e)
-        except SolverError as untied:
-            smallest = getattr(e, "smallest_feasible_bytes", None)
-            if smallest is None:
-                raise
-            # the untied ILP (far larger) stopped without a plan (a limit, not a proof): the tied
-            # least-memory plan is still the smallest budget known to be feasible: name it
-            raise infeasible_error(where, option.memory_budget_per_device, smallest, None) from untied
+        log.info("alpa_pass: no plan fits the memory budget on mesh %s with %s; planning without",
+                 where, _restriction(option))
+        return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
+                              tied_infeasible or e)
     timings["solve"] = solution.solve_time_s
     _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
@@ -191,21 +185,55 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     return plan
 
 
-def _check_untied_bound(problem, option: AutoShardingOption, where: str, tied: InfeasibleError) -> None:
-    """Raise ``tied`` again (with the bound) if no untied plan can meet the budget either.
+def _relaxed(option: AutoShardingOption) -> AutoShardingOption | None:
+    """The next, less restricted problem to try when no plan meets the memory budget: repeated
+    layers untied (each copy of a layer may take its own layout), then followers unmerged (each
+    elementwise op its own layout); None when ``option`` has neither restriction left."""
+    if option.tie_repeated_layers:
+        return dataclasses.replace(option, tie_repeated_layers=False)
+    if option.merge_followers:
+        return dataclasses.replace(option, merge_followers=False)
+    return None
 
-    Untying repeated layers lets each layer copy take its own layout, so the untied problem's
-    least peak can be below the tied one's (``tied.smallest_feasible_bytes``) but never below
-    ``driver.budget.memory_lower_bound`` (every row at its own minimum; else the LP relaxation of
-    its min-max-memory problem): when that bound exceeds the budget, no plan fits, proven
-    without solving the (much larger) untied ILP. Otherwise the untied ILP decides.
+
+def _restriction(option: AutoShardingOption) -> str:
+    return "repeated layers tied" if option.tie_repeated_layers else "followers merged into their producers"
+
+
+def _solve_relaxed(graph, mesh, option, ties, timings, progress, pins, pinned_uses, infeasible) -> Plan:
+    """``solve_graph`` on a relaxed problem; a relaxed ILP that stops without a plan (a limit, not
+    a proof) re-raises the restricted problem's InfeasibleError, whose least-memory plan is still
+    the smallest budget known to be feasible."""
+    try:
+        return solve_graph(graph, mesh, option, ties, timings, progress, pins, pinned_uses,
+                           tied_infeasible=infeasible)
+    except SolverError as stopped:
+        smallest = getattr(infeasible, "smallest_feasible_bytes", None)
+        if smallest is None:
+            raise
+        where = "x".join(map(str, mesh.shape))
+        raise infeasible_error(where, option.memory_budget_per_device, smallest, None) from stopped
+
+
+def _bound_exceeds_budget(problem, option: AutoShardingOption, where: str, restricted: InfeasibleError) -> bool:
+    """Whether no plan of the relaxed ``problem`` can meet the budget, by its memory lower bound
+    (``driver.budget.memory_lower_bound``: every row at its own minimum, else the LP relaxation of
+    the min-max-memory problem), proven without solving the relaxed ILP (on LLaMA-8B the untied ILP
+    has 1.07M columns). The bound holds for every plan of this problem only: while a restriction
+    is left (followers merged), the next relaxation may still fit, so True means "skip to it";
+    with none left, the bound holds for every plan and ``restricted`` is raised with it.
     """
     budget = option.memory_budget_per_device
-    smallest = getattr(tied, "smallest_feasible_bytes", None)
     lower = memory_lower_bound(problem, option.solve_options(), budget)
-    log.info("alpa_pass: untied plans' memory lower bound on mesh %s: %s bytes (budget %d)", where, lower, budget)
-    if smallest is not None and lower is not None and lower > budget:
-        raise infeasible_error(where, budget, smallest, lower, " (with or without repeated layers tied)") from tied
+    log.info("alpa_pass: %s plans' memory lower bound on mesh %s: %s bytes (budget %d)",
+             "unmerged" if _relaxed(option) is None else "untied", where, lower, budget)
+    if lower is None or lower <= budget:
+        return False
+    smallest = getattr(restricted, "smallest_feasible_bytes", None)
+    if _relaxed(option) is None and smallest is not None:
+        raise infeasible_error(where, budget, smallest, lower, " (no plan, whatever its layer ties or "
+                               "follower merging)") from restricted
+    return _relaxed(option) is not None
 
 
 def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
