@@ -74,6 +74,25 @@ def test_more_stages_than_scan_iterations_is_a_mesh_error():
         ap.parallelize(step_fn, method=method).get_executable(state, batches[0])
 
 
+@pytest.mark.parametrize("option,lengths", [
+    (dict(stage_option=ap.UniformStageOption(num_stages=2)), [2, 2]),
+    (dict(stage_option=ap.UniformStageOption()), [4]),  # one stage per layer: nothing to cut
+    (dict(stage_option=ap.ManualStageOption(((0, 1), (2, 3)), ((1, 4), (1, 4)))), [1, 1, 1, 1]),
+    (dict(stage_option=ap.AutoStageOption()), [1, 1, 1, 1]),  # the stage DP may cut anywhere
+    (dict(layer_option=ap.AutoLayerOption(layer_num=3)), [1, 2, 1]),
+], ids=["uniform2", "uniform-per-layer", "manual", "auto-stages", "auto-layers3"])
+def test_each_option_cuts_the_stack_into_the_pieces_it_needs(option, lengths):
+    from alpa_pass.pipeline.compile.pipeshard import _split_layer_stack, micro_avals
+    from alpa_pass.pipeline.trace.step import trace_step
+
+    step_fn, state, batches = setup("lax")
+    method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), **option)
+    traced = trace_step(step_fn, (state, batches[0]), (1,), lambda a, m: micro_avals(a, m, 1, "step"))
+    eqns = _split_layer_stack(traced, method).loss.jaxpr.eqns
+    assert [int(e.params["length"]) for e in eqns if e.primitive.name == "scan"] == lengths
+    assert sum(e.primitive is boundary_p for e in eqns) == len(lengths) - 1  # (the layer DP ignores them)
+
+
 def _scan_loss(reverse):
     """A scan with a const, two carries, xs and ys: everything a split must route."""
     def loss(w, xs, c):
