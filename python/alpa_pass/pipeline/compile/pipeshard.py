@@ -24,6 +24,7 @@ from alpa_pass.pipeline.partition.schedule import clock, stage_orders
 from alpa_pass.pipeline.partition.stage_search import auto_stages
 from alpa_pass.pipeline.programs.apply import MarkerLayout, build_apply
 from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
+from alpa_pass.pipeline.trace.scan_split import check_splittable, layer_stack, split_layer_stack
 from alpa_pass.pipeline.trace.step import TracedStep, trace_step
 from alpa_pass.trace.lower import leaf_aval, output_ties
 
@@ -87,6 +88,7 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     leaves = jax.tree.leaves(args)
     traced = trace_step(fn, args, method.batch_argnums, lambda marker_args, mask: micro_avals(
         marker_args, mask, method.num_micro_batches, getattr(fn, "__qualname__", "fn")))
+    traced = _split_layer_stack(traced, method)
     layers = (layer_mod.manual_layers(traced.loss) if method.layer_option == "manual" else
               layer_mod.auto_layers(traced.loss, method.layer_option.layer_num, method.layer_option.eps))
     timings["trace"] = time.perf_counter() - t
@@ -108,6 +110,30 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     ticks = clock(stage_orders(method.pipeline_schedule, len(stages), method.num_micro_batches))
     return PipeshardProgram(traced, method, layers, stages, apply, sites, free_sharding(stages), ticks, layout,
                             timings)
+
+
+def _split_layer_stack(traced: TracedStep, method) -> TracedStep:
+    """``traced`` with the loss's scanned layer stack cut into as many scans as the layer and
+    stage options need (``trace.scan_split``); unchanged when the loss has no top-level scan or
+    already has enough layers."""
+    loss, stack = traced.loss, layer_stack(traced.loss)
+    length = 0 if stack is None else int(stack.params["length"])
+    if method.layer_option != "manual":  # the layer DP clusters the pieces with the other equations
+        n = method.layer_option.layer_num
+        pieces, wanted = min(n, length), f"AutoLayerOption(layer_num={n})"
+    else:
+        have, option = len(layer_mod.manual_layers(loss)), method.stage_option
+        if isinstance(option, ManualStageOption):
+            need, wanted = sum(len(s) for s in option.forward_stage_layer_ids), "ManualStageOption"
+        elif isinstance(option, AutoStageOption):  # let the stage DP cut between any iterations
+            need, wanted = have - 1 + min(length, method.resolved_mesh().num_devices), "AutoStageOption"
+        else:
+            need, wanted = option.num_stages or have, f"UniformStageOption(num_stages={option.num_stages})"
+        pieces = need - have + 1
+    if pieces <= 1:
+        return traced
+    check_splittable(loss, pieces, wanted)
+    return dataclasses.replace(traced, loss=split_layer_stack(loss, pieces))
 
 
 def _stage_specs(traced, layers, cluster, method):

@@ -5,8 +5,9 @@ the C++ layer-clustering DP for ``layer_num`` groups of balanced FLOPs that cut 
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Literal
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from alpa_pass import _core
 from alpa_pass.errors import TraceError
@@ -35,7 +36,16 @@ def manual_layers(loss: ClosedJaxpr) -> list[list]:
 
 
 def eqn_flops(eqn) -> float:
-    """A FLOP estimate: 2·M·N·K for dot_general, output elements for everything else."""
+    """A FLOP estimate: 2·M·N·K for dot_general, output elements for other primitives; an equation
+    with sub-jaxprs (jit, remat, custom_vjp, cond, ...) costs what they hold (a scan: times its
+    length), so a scanned layer stack weighs what its layers do when the layer DP balances FLOPs."""
+    subs = [j.jaxpr if isinstance(j, ClosedJaxpr) else j for j in jax.tree.leaves(
+        eqn.params, is_leaf=lambda x: isinstance(x, (ClosedJaxpr, Jaxpr))) if isinstance(j, (ClosedJaxpr, Jaxpr))]
+    if subs:
+        inner = [sum(eqn_flops(e) for e in j.eqns) for j in subs]
+        # cond runs one branch; a scan runs its body ``length`` times
+        total = max(inner) if eqn.primitive.name == "cond" else sum(inner)
+        return total * float(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else total
     out = sum(float(np.prod(v.aval.shape)) for v in eqn.outvars if hasattr(v.aval, "shape"))
     if eqn.primitive.name == "dot_general":
         (lhs_contract, _), _ = eqn.params["dimension_numbers"]
