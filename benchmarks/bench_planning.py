@@ -255,13 +255,14 @@ def _counting_solves():
 
     records = []
 
-    def counted(problem, options=highs.SolveOptions(), start=None):
+    def counted(problem, options=highs.SolveOptions(), start=None, **kwargs):
         import dataclasses
 
-        solution = highs.solve_ilp(problem, dataclasses.replace(options, keep_log=True), start=start)
+        solution = highs.solve_ilp(problem, dataclasses.replace(options, keep_log=True), start=start, **kwargs)
         nodes = re.search(r"^\s*Nodes\s+(\d+)", solution.log, re.M)
         iters = re.search(r"^\s*LP iterations\s+(\d+)", solution.log, re.M)
         records.append({"columns": int(problem.num_cols), "rows": int(problem.num_rows),
+                        "solved_columns": solution.solved_size[0], "solved_rows": solution.solved_size[1],
                         "nodes": int(nodes.group(1)) if nodes else 0,
                         "lp_iterations": int(iters.group(1)) if iters else 0,
                         "status": solution.status, "solve_s": solution.solve_time_s})
@@ -295,8 +296,8 @@ def run_small(args) -> int:
         result = {"case": f"{name} on {mesh}", "plan_s": wall, "objective": plan.objective,
                   "timings_s": dict(plan.timings), "refinement": dict(plan.refinement), "solves": list(records)}
         results.append(result)
-        work = "; ".join(f"{r['columns']} cols x {r['rows']} rows: {r['nodes']} nodes, {r['lp_iterations']} "
-                         f"LP iterations [{r['status']}]" for r in records)
+        work = "; ".join(f"{r['columns']} cols x {r['rows']} rows (solved {r['solved_columns']} x {r['solved_rows']}): "
+                         f"{r['nodes']} nodes, {r['lp_iterations']} LP iterations [{r['status']}]" for r in records)
         print(f"{result['case']:<16} plan {wall:6.2f} s  objective {plan.objective:.6g}  "
               f"({plan.refinement['solve']} plan)  solves: {work}", flush=True)
     print("wrote " + _write({"suite": "small", "cpus": os.cpu_count(), "jax": jax.__version__, "cases": results},
