@@ -1,20 +1,27 @@
-"""Exact presolve of a sharding ILP: eliminate groups of degree <= 2 (variable elimination).
+"""Exact presolve of a sharding ILP: ties substituted, dominated strategies pruned, groups of
+degree <= 2 eliminated (variable elimination), equal edge-cost rows merged.
 
 The ILP (``alpa_pass._core.IlpProblem``, layout in cpp/src/ilp.cc) is a pairwise cost model: one
-strategy per group, a cost per strategy and a cost per strategy pair of each edge. A group ``b``
-that no equality or linear (memory) row names, whose strategies are all allowed, and that has
+strategy per group, a cost per strategy and a cost per strategy pair of each edge. First, ties
+(equality rows) that make one group a function of another are substituted (``solve.ties``). Then,
+to a fixed point, dominated strategies of free groups are dropped and additive edges folded into
+per-group costs (``solve.dominance``), and a group ``b`` that no remaining equality or linear
+(memory) row names, whose strategies are all allowed, and that has
 
 - no edge: takes its cheapest strategy;
 - one edge (to ``a``): is folded into ``a``'s costs, cost_a[i] += min_k (cost_b[k] + R_ab[i, k]);
 - two edges (to ``a`` and ``c``): becomes one edge ``a``-``c``,
   R_ac[i, j] += min_k (R_ab[i, k] + cost_b[k] + R_bc[k, j]) (when that edge has no more columns
-  than the two it replaces),
+  than the two it replaces).
 
-and repeating this to a fixed point leaves a smaller ILP with the same optimum: every plan of the
-reduced ILP extends (each eliminated group taking its argmin, in reverse order) to a plan of the
-full ILP with the same objective, and no full plan is cheaper. Follower chains of the unmerged
-problem (elementwise ops between two others) are exactly such groups: on the 3-layer test MLP's
-refinement ILP (2x4) it leaves 56 of 243 groups and 4845 of 11039 edge columns.
+Each step leaves an ILP with the same optimum: every plan of the reduced ILP extends (each
+eliminated or substituted group recovered from its table, in reverse order) to a plan of the full
+ILP with the same objective, and no full plan is cheaper. Finally, on each remaining edge the
+strategies with equal cost rows (columns) share one marginal row and their product columns: the
+same integer plans and the same LP relaxation (a fractional plan splits proportionally). Follower
+chains of the unmerged problem (elementwise ops between two others) are degree-2 groups: on the
+3-layer test MLP's refinement ILP (2x4) elimination alone leaves 56 of 243 groups and 4845 of
+11039 edge columns.
 """
 from __future__ import annotations
 
@@ -220,15 +227,17 @@ class _Const:
 
 
 def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left) -> SimpleNamespace:
-    """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the full problem's
-    equality / linear rows, which name kept groups only), then one e-block per remaining edge
-    between two kept groups with > 1 strategy; edges to one-strategy groups fold into costs."""
+    """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the equality /
+    linear rows that substitution left, which name kept groups only), then one e-block per
+    remaining edge between two kept groups with > 1 strategy (one row and column per class of
+    equal costs); edges to one-strategy groups fold into costs."""
     new_of = np.full(G, -1, dtype=np.int64)
     new_of[kept] = np.arange(kept.size)
     ksizes = sizes[kept]
     kgs = np.concatenate([[0], np.cumsum(ksizes)])
     s_cost = np.concatenate([unary[g] for g in kept]) if kept.size else np.zeros(0)
-    s_upper = np.concatenate([np.asarray(problem.col_upper)[gs[g] + alive[g]] for g in kept]) if kept.size else np.zeros(0)
+    upper = np.asarray(problem.col_upper)
+    s_upper = np.concatenate([upper[gs[g] + alive[g]] for g in kept]) if kept.size else np.zeros(0)
     cols: list[list] = [[(r, 1.0)] for r, g in enumerate(kept) for _ in range(sizes[g])]
     row_lo, row_up = [1.0] * kept.size, [1.0] * kept.size
     # the full problem's rows past the one-hot and marginal rows (ties, memory) that substitution
