@@ -13,8 +13,9 @@ Not a test: never collected by pytest.
 
 The ``small`` suite (issue 14: small programs plan fast) plans the 3-layer test MLP and the 2-layer
 test GPT (zoo/) on 2x4 and 2x2x2 with the default options and prints, per case, the planning time
-(trace to plan) and the deterministic work: ILP columns, rows, B&B nodes and simplex iterations of
-the main solve and of the unmerged refinement. Timings on a loaded machine are not comparable; the
+(trace to plan) and the deterministic work: ILP columns and rows (built, and solved: after the exact
+reduction of solve.eliminate), B&B nodes and simplex iterations of the main solve and of the
+unmerged refinement. Timings on a loaded machine are not comparable; the
 counts are.
 
 The ``alpa`` suite (Alpa's GPT sizes, seq 1024, vocab 51200, batch 64; benchmarks/models/gpt_sizes):
