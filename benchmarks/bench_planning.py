@@ -13,8 +13,9 @@ Not a test: never collected by pytest.
 
 The ``small`` suite (issue 14: small programs plan fast) plans the 3-layer test MLP and the 2-layer
 test GPT (zoo/) on 2x4 and 2x2x2 with the default options and prints, per case, the planning time
-(trace to plan) and the deterministic work: ILP columns, rows, B&B nodes and simplex iterations of
-the main solve and of the unmerged refinement. Timings on a loaded machine are not comparable; the
+(trace to plan) and the deterministic work: ILP columns and rows (built, and solved: after the exact
+reduction of solve.eliminate), B&B nodes and simplex iterations of the main solve and of the
+unmerged refinement. Timings on a loaded machine are not comparable; the
 counts are.
 
 The ``alpa`` suite (Alpa's GPT sizes, seq 1024, vocab 51200, batch 64; benchmarks/models/gpt_sizes):
@@ -255,13 +256,14 @@ def _counting_solves():
 
     records = []
 
-    def counted(problem, options=highs.SolveOptions(), start=None):
+    def counted(problem, options=highs.SolveOptions(), start=None, **kwargs):
         import dataclasses
 
-        solution = highs.solve_ilp(problem, dataclasses.replace(options, keep_log=True), start=start)
+        solution = highs.solve_ilp(problem, dataclasses.replace(options, keep_log=True), start=start, **kwargs)
         nodes = re.search(r"^\s*Nodes\s+(\d+)", solution.log, re.M)
         iters = re.search(r"^\s*LP iterations\s+(\d+)", solution.log, re.M)
         records.append({"columns": int(problem.num_cols), "rows": int(problem.num_rows),
+                        "solved_columns": solution.solved_size[0], "solved_rows": solution.solved_size[1],
                         "nodes": int(nodes.group(1)) if nodes else 0,
                         "lp_iterations": int(iters.group(1)) if iters else 0,
                         "status": solution.status, "solve_s": solution.solve_time_s})
@@ -295,8 +297,8 @@ def run_small(args) -> int:
         result = {"case": f"{name} on {mesh}", "plan_s": wall, "objective": plan.objective,
                   "timings_s": dict(plan.timings), "refinement": dict(plan.refinement), "solves": list(records)}
         results.append(result)
-        work = "; ".join(f"{r['columns']} cols x {r['rows']} rows: {r['nodes']} nodes, {r['lp_iterations']} "
-                         f"LP iterations [{r['status']}]" for r in records)
+        work = "; ".join(f"{r['columns']} cols x {r['rows']} rows (solved {r['solved_columns']} x {r['solved_rows']}): "
+                         f"{r['nodes']} nodes, {r['lp_iterations']} LP iterations [{r['status']}]" for r in records)
         print(f"{result['case']:<16} plan {wall:6.2f} s  objective {plan.objective:.6g}  "
               f"({plan.refinement['solve']} plan)  solves: {work}", flush=True)
     print("wrote " + _write({"suite": "small", "cpus": os.cpu_count(), "jax": jax.__version__, "cases": results},

@@ -182,7 +182,8 @@ class AutoShardingOption:
         """HiGHS options of a solve under these options."""
         return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
-                            log_to_console=self.solver_log, objective_bound=self.solver_objective_bound)
+                            log_to_console=self.solver_log, objective_bound=self.solver_objective_bound,
+                            eliminate_chains=True)
 
     def planning_fields(self) -> dict:
         """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``

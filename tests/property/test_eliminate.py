@@ -9,11 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alpa_pass import _core
+from alpa_pass.errors import InfeasibleError
 from alpa_pass.solve import eliminate
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
 EXACT = SolveOptions(rel_gap=0.0)
 TOL = dict(rel=1e-9, abs=1e-9)
+
+
+def _keep(*groups):
+    """A linear row naming strategy 0 of ``groups`` that every plan meets: they are kept."""
+    return [(np.array(groups, dtype=np.int64), np.zeros(len(groups), dtype=np.int64), np.ones(len(groups)),
+             -np.inf, float(len(groups)))]
 
 
 def _random_ilp(seed: int):
@@ -30,7 +37,12 @@ def _random_ilp(seed: int):
     if rng.random() < 0.5:
         same = [g for g in range(n) if sizes[g] == sizes[0] and g != 0]
         if same:
-            equalities.append((0, int(same[0]), np.arange(sizes[0], dtype=np.int64)))
+            equalities.append((0, int(same[0]), rng.permutation(sizes[0]).astype(np.int64)))
+    if rng.random() < 0.5:  # a many-to-one tie (v a function of u), some strategies of u forbidden (-1)
+        a, b = (int(x) for x in rng.choice(n, 2, replace=False))
+        match = rng.integers(-1 if rng.random() < 0.3 else 0, sizes[b], sizes[a])
+        match[0] = max(match[0], 0)
+        equalities.append((a, b, match.astype(np.int64)))
     if rng.random() < 0.5 and (sizes > 1).any():
         g = int(rng.choice(np.flatnonzero(sizes > 1)))
         rows.append((np.array([g], dtype=np.int64), np.array([sizes[g] - 1], dtype=np.int64),
@@ -38,11 +50,16 @@ def _random_ilp(seed: int):
     return _core.build_ilp(groups, edges, equalities, rows)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**31 - 1))
 def test_reduced_optimum_equals_full_optimum(seed):
     ilp = _random_ilp(seed)
-    full = solve_ilp(ilp, EXACT)
+    try:
+        full = solve_ilp(ilp, EXACT)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+        return
     reduced = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
     assert reduced.optimal
     assert reduced.objective == pytest.approx(full.objective, **TOL)
@@ -57,7 +74,7 @@ def test_chain_is_eliminated_to_its_ends():
     r = np.random.default_rng(1)
     groups = [r.integers(0, 9, 3).astype(np.float64) for _ in range(4)]
     edges = [(k, k + 1, r.integers(0, 9, (3, 3)).astype(np.float64)) for k in range(3)]
-    ilp = _core.build_ilp(groups, edges, [(0, 3, np.arange(3, dtype=np.int64))])  # pins a and d
+    ilp = _core.build_ilp(groups, edges, [], _keep(0, 3))  # pins a and d
     red = eliminate.reduce(ilp)
     assert list(red.kept) == [0, 3] and [g for g, _, _ in red.eliminated] == [1, 2]
     assert red.model.num_cols == 3 + 3 + 9  # two groups and one 3x3 edge
@@ -65,10 +82,77 @@ def test_chain_is_eliminated_to_its_ends():
     assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)
 
 
+def test_one_to_one_tie_is_substituted():
+    """A tie whose match is a permutation makes its second group a renamed first one: its costs and
+    edges move onto the first, the tie's rows go, and the plan keeps the tie."""
+    r = np.random.default_rng(3)
+    groups = [r.integers(0, 9, 3).astype(np.float64) for _ in range(4)]
+    edges = [(0, 1, r.integers(0, 9, (3, 3)).astype(np.float64)), (1, 2, r.integers(0, 9, (3, 3)).astype(np.float64)),
+             (2, 3, r.integers(0, 9, (3, 3)).astype(np.float64)), (3, 0, r.integers(0, 9, (3, 3)).astype(np.float64))]
+    match = np.array([2, 0, 1], dtype=np.int64)
+    ilp = _core.build_ilp(groups, edges, [(0, 2, match)], _keep(1, 3))
+    red = eliminate.reduce(ilp)
+    assert red.eliminated[0][:2] == (2, (0,)) and 2 not in red.kept
+    got = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    assert got.assignment[2] == match[got.assignment[0]]
+    assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)
+    assert not _core.evaluate_columns(ilp, got.x).violations
+
+
 def test_nothing_to_eliminate_is_none():
-    """Groups named by an equality (a tie) are kept: with every group tied, nothing is reduced."""
-    two = np.array([1.0, 2.0])
-    ilp = _core.build_ilp([two, two], [(0, 1, np.ones((2, 2)))], [(0, 1, np.arange(2, dtype=np.int64))])
+    """Groups named by a linear row are kept: with every group named and an edge that is not
+    additive and has no equal rows or columns, nothing is reduced."""
+    two, swap = np.array([1.0, 2.0]), np.array([[0.0, 1.0], [1.0, 0.0]])
+    ilp = _core.build_ilp([two, two], [(0, 1, swap)], [], _keep(0, 1))
     assert eliminate.reduce(ilp) is None
     assert eliminate.reduce(_core.min_max_row_problem(_core.build_ilp(
-        [two, two], [(0, 1, np.ones((2, 2)))], [], [(np.array([0]), np.array([1]), np.array([1.0]), -np.inf, 1.0)]))) is None
+        [two, two], [(0, 1, swap)], [], [(np.array([0]), np.array([1]), np.array([1.0]), -np.inf, 1.0)]))) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_start_maps_to_a_no_costlier_reduced_start(seed):
+    """A full start whose strategies are pruned (dominated) becomes a reduced start that is never
+    costlier: the warm-started reduced solve still reaches the full optimum."""
+    ilp = _random_ilp(seed)
+    try:
+        full = solve_ilp(ilp, EXACT)
+    except InfeasibleError:
+        return
+    start = np.random.default_rng(seed).integers(0, np.diff(np.asarray(ilp.group_var_start)))
+    red = eliminate.reduce(ilp)
+    if red is not None:
+        mapped = red.start(start)
+        assert mapped.shape == red.kept.shape
+        assert ((mapped >= 0) & (mapped < np.diff(red.model.group_var_start))).all()
+    if _core.evaluate(ilp, start).violations:
+        return  # HiGHS would reject an infeasible start
+    warm = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True), start=start)
+    assert warm.objective == pytest.approx(full.objective, **TOL)
+
+
+def test_dominated_and_duplicate_strategies_are_pruned():
+    """Group 1's strategy 2 costs more than strategy 0 everywhere (dominated) and strategy 1 equals
+    strategy 0 (a duplicate): only strategy 0 remains, and the plan picks it."""
+    groups = [np.array([0.0, 1.0, 2.0]), np.array([1.0, 1.0, 3.0]), np.array([0.0, 0.0, 5.0])]
+    r01 = np.array([[0.0, 0.0, 1.0], [2.0, 2.0, 3.0], [1.0, 1.0, 2.0]])  # rows: group 0
+    r12 = np.array([[0.0, 3.0, 1.0], [0.0, 3.0, 1.0], [4.0, 3.0, 9.0]])  # rows: group 1
+    ilp = _core.build_ilp(groups, [(0, 1, r01), (1, 2, r12)], [], _keep(0, 2))
+    red = eliminate.reduce(ilp)
+    assert sorted(red.pruned) == [(1, 1, 0), (1, 2, 0)]
+    got = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    assert got.assignment[1] == 0
+    assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)
+
+
+def test_equal_rows_share_edge_columns():
+    """An edge whose 4 x 3 matrix has 2 distinct rows and 2 distinct columns gets 2 x 2 product
+    columns (strategies with equal costs on the edge are one class), with the same optimum."""
+    m = np.array([[0.0, 5.0, 5.0], [3.0, 1.0, 1.0], [0.0, 5.0, 5.0], [3.0, 1.0, 1.0]])
+    groups = [np.array([0.0, 1.0, 0.5, 2.0]), np.array([2.0, 0.0, 0.5])]
+    ilp = _core.build_ilp(groups, [(0, 1, m)], [], _keep(0, 1))
+    red = eliminate.reduce(ilp)
+    assert red.model.num_cols == 4 + 3 + 2 * 2
+    got = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)
+    assert not _core.evaluate_columns(ilp, got.x).violations

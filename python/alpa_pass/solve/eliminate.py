@@ -1,20 +1,27 @@
-"""Exact presolve of a sharding ILP: eliminate groups of degree <= 2 (variable elimination).
+"""Exact presolve of a sharding ILP: ties substituted, dominated strategies pruned, groups of
+degree <= 2 eliminated (variable elimination), equal edge-cost rows merged.
 
 The ILP (``alpa_pass._core.IlpProblem``, layout in cpp/src/ilp.cc) is a pairwise cost model: one
-strategy per group, a cost per strategy and a cost per strategy pair of each edge. A group ``b``
-that no equality or linear (memory) row names, whose strategies are all allowed, and that has
+strategy per group, a cost per strategy and a cost per strategy pair of each edge. First, ties
+(equality rows) that make one group a function of another are substituted (``solve.ties``). Then,
+to a fixed point, dominated strategies of free groups are dropped and additive edges folded into
+per-group costs (``solve.dominance``), and a group ``b`` that no remaining equality or linear
+(memory) row names, whose strategies are all allowed, and that has
 
 - no edge: takes its cheapest strategy;
 - one edge (to ``a``): is folded into ``a``'s costs, cost_a[i] += min_k (cost_b[k] + R_ab[i, k]);
 - two edges (to ``a`` and ``c``): becomes one edge ``a``-``c``,
   R_ac[i, j] += min_k (R_ab[i, k] + cost_b[k] + R_bc[k, j]) (when that edge has no more columns
-  than the two it replaces),
+  than the two it replaces).
 
-and repeating this to a fixed point leaves a smaller ILP with the same optimum: every plan of the
-reduced ILP extends (each eliminated group taking its argmin, in reverse order) to a plan of the
-full ILP with the same objective, and no full plan is cheaper. Follower chains of the unmerged
-problem (elementwise ops between two others) are exactly such groups: on the 3-layer test MLP's
-refinement ILP (2x4) it leaves 56 of 243 groups and 4845 of 11039 edge columns.
+Each step leaves an ILP with the same optimum: every plan of the reduced ILP extends (each
+eliminated or substituted group recovered from its table, in reverse order) to a plan of the full
+ILP with the same objective, and no full plan is cheaper. Finally, on each remaining edge the
+strategies with equal cost rows (columns) share one marginal row and their product columns: the
+same integer plans and the same LP relaxation (a fractional plan splits proportionally). Follower
+chains of the unmerged problem (elementwise ops between two others) are degree-2 groups: on the
+3-layer test MLP's refinement ILP (2x4) elimination alone leaves 56 of 243 groups and 4845 of
+11039 edge columns.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
+
+from alpa_pass.solve import dominance, ties
 
 
 @dataclasses.dataclass
@@ -34,17 +43,22 @@ class Reduced:
     eliminated: list                 # (group, neighbours, argmin table), in elimination order
     edge_cols: tuple                 # (u, i, v, j) arrays: the full problem's edge columns
     num_groups: int
+    alive: list                      # full strategy indices of each kept group's reduced columns
+    pruned: list                     # (group, strategy, dominator): dominance.prune's events
 
     def start(self, start) -> np.ndarray:
-        """A full-problem start (strategy per group) restricted to the kept groups."""
-        return np.asarray(start, dtype=np.int64)[self.kept]
+        """A full-problem start (strategy per group) as a reduced one: pruned strategies replaced
+        by their dominators (never costlier), restricted to the kept groups."""
+        full = dominance.replay(self.pruned, start)
+        return np.asarray([int(np.searchsorted(a, full[g])) for g, a in zip(self.kept, self.alive)],
+                          dtype=np.int64)
 
     def expand(self, x_reduced: np.ndarray) -> np.ndarray:
         """The full assignment (strategy per group) of a reduced column vector."""
         gs = self.model.group_var_start
         full = np.full(self.num_groups, -1, dtype=np.int64)
         for r, g in enumerate(self.kept):
-            full[g] = int(np.argmax(x_reduced[gs[r]:gs[r + 1]]))
+            full[g] = int(self.alive[r][np.argmax(x_reduced[gs[r]:gs[r + 1]])])
         for g, nbrs, table in reversed(self.eliminated):
             full[g] = int(table[tuple(full[n] for n in nbrs)])
         return full
@@ -84,9 +98,18 @@ def reduce(problem) -> Reduced | None:
     row_s = np.full(num_rows, -1, dtype=np.int64)
     in_marg = s_nz & marginal[a_index]
     row_s[a_index[in_marg]] = col_of[in_marg]
-    pinned = np.zeros(G, dtype=bool)
-    pinned[group_of_col[col_of[s_nz & ~marginal[a_index]]]] = True
-    pinned[group_of_col[upper[:num_s] < 0.5]] = True  # a forbidden strategy: keep it a bound
+    forbidden = np.zeros(G, dtype=bool)
+    forbidden[group_of_col[upper[:num_s] < 0.5]] = True  # a forbidden strategy: keep it a bound
+    other = s_nz & ~marginal[a_index]
+    other_rows: dict = {}
+    for c, r, val in zip(col_of[other], a_index[other], a_value[other]):
+        g = int(group_of_col[c])
+        other_rows.setdefault(int(r), []).append((g, int(c - gs[g]), float(val)))
+    subs, rows_left = ties.substitutions(other_rows, np.asarray(problem.row_lower), np.asarray(problem.row_upper),
+                                         group_of_col, gs, forbidden)
+    pinned = forbidden.copy()
+    pinned[[g for e in rows_left.values() for g, _, _ in e]] = True
+    pinned[[g for g, _, _ in subs]] = True
     # edge columns: rows (r1 < r2) -> (u, i), (v, j)
     e_nz = np.flatnonzero(is_e)
     rows = a_index[e_nz].reshape(-1, 2)
@@ -101,15 +124,23 @@ def reduce(problem) -> Reduced | None:
         m = np.zeros((sizes[gu], sizes[gv]))
         np.add.at(m, (i[idx], j[idx]), e_cost[idx])
         _add_edge(adj, gu, gv, m)
-    eliminated = _eliminate(adj, unary, sizes, pinned)
-    if not eliminated:
-        return None
+    ties.apply(adj, unary, subs, _add_edge)
+    eliminated, pruned = [(g, (p,), table) for g, p, table in subs], []
+    full_sizes = sizes.copy()
+    alive = [np.arange(s) for s in sizes]
+    # alternate: pruning lowers degrees and sizes, elimination folds edges that may then be additive
+    while dominance.prune(adj, unary, sizes, pinned, alive, pruned) | _eliminate(
+            adj, unary, sizes, pinned, alive, full_sizes, eliminated):
+        pass
     gone = np.zeros(G, dtype=bool)
     gone[[g for g, _, _ in eliminated]] = True
     kept = np.flatnonzero(~gone)
     offset = float(problem.offset) + sum(float(t) for g, n, t in eliminated if not n)
-    model = _model(problem, kept, unary, adj, sizes, gs, marginal, offset, G)
-    return Reduced(model=model, kept=kept, eliminated=eliminated, edge_cols=(u, i, v, j), num_groups=G)
+    model = _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left)
+    if not eliminated and not pruned and model.num_cols == num_cols:
+        return None
+    return Reduced(model=model, kept=kept, eliminated=eliminated, edge_cols=(u, i, v, j), num_groups=G,
+                   alive=[alive[g] for g in kept], pruned=pruned)
 
 
 def _group_pairs(u, v) -> dict:
@@ -133,13 +164,14 @@ def _add_edge(adj, a: int, b: int, m: np.ndarray) -> None:
     adj[b][a] = adj[a][b].T
 
 
-def _eliminate(adj, unary, sizes, pinned) -> list:
+def _eliminate(adj, unary, sizes, pinned, strategies, full_sizes, out) -> bool:
     """Eliminate groups of degree <= 2 to a fixed point (in increasing group order each sweep, so
-    the result is a function of the problem). Returns [(group, neighbours, argmin table)]; for a
-    degree-0 group the table is its cheapest cost (a constant) and it is recovered by argmin."""
-    out = []
+    the result is a function of the problem). Appends (group, neighbours, argmin table) to ``out``;
+    tables are indexed by the neighbours' full strategy indices and give full ones
+    (``strategies[g]``: the full index of each of g's remaining strategies); for a degree-0 group
+    the table is its cheapest cost (a constant) and it is recovered by argmin. True if any."""
     alive = [g for g in range(len(unary)) if not pinned[g]]
-    changed = True
+    changed, any_change = True, False
     while changed:
         changed = False
         still = []
@@ -150,26 +182,35 @@ def _eliminate(adj, unary, sizes, pinned) -> list:
                 continue
             if len(nbrs) == 0:
                 k = int(np.argmin(unary[b]))
-                out.append((b, (), _Const(k, float(unary[b][k]))))
+                out.append((b, (), _Const(int(strategies[b][k]), float(unary[b][k]))))
             elif len(nbrs) == 1:
                 a = nbrs[0]
                 total = adj[a][b] + unary[b][None, :]
                 unary[a] = unary[a] + total.min(axis=1)
-                out.append((b, (a,), total.argmin(axis=1)))
+                out.append((b, (a,), _full_table(total.argmin(axis=1), b, (a,), strategies, full_sizes)))
                 del adj[a][b]
             elif len(nbrs) == 2 and sizes[nbrs[0]] * sizes[nbrs[1]] <= sizes[b] * (sizes[nbrs[0]] + sizes[nbrs[1]]):
                 a, c = nbrs
                 total = adj[a][b][:, :, None] + unary[b][None, :, None] + adj[b][c][None, :, :]
                 del adj[a][b], adj[c][b]
                 _add_edge(adj, a, c, total.min(axis=1))
-                out.append((b, (a, c), total.argmin(axis=1)))
+                out.append((b, (a, c), _full_table(total.argmin(axis=1), b, (a, c), strategies, full_sizes)))
             else:
                 still.append(b)
                 continue
             adj[b] = {}
-            changed = True
+            pinned[b] = True  # eliminated: no longer free (dominance.prune skips it)
+            changed = any_change = True
         alive = still
-    return out
+    return any_change
+
+
+def _full_table(local, b, nbrs, strategies, full_sizes) -> np.ndarray:
+    """An argmin table over the neighbours' remaining strategies as one over their full indices
+    (entries of pruned strategies are never read: expansion picks remaining ones only)."""
+    table = np.zeros(tuple(int(full_sizes[n]) for n in nbrs), dtype=np.int64)
+    table[np.ix_(*(strategies[n] for n in nbrs))] = strategies[b][local]
+    return table
 
 
 class _Const:
@@ -185,35 +226,29 @@ class _Const:
         return self.cost
 
 
-def _model(problem, kept, unary, adj, sizes, gs, marginal, offset, G) -> SimpleNamespace:
-    """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the full problem's
-    equality / linear rows, which name kept groups only), then one e-block per remaining edge
-    between two kept groups with > 1 strategy; edges to one-strategy groups fold into costs."""
+def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left) -> SimpleNamespace:
+    """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the equality /
+    linear rows that substitution left, which name kept groups only), then one e-block per
+    remaining edge between two kept groups with > 1 strategy (one row and column per class of
+    equal costs); edges to one-strategy groups fold into costs."""
     new_of = np.full(G, -1, dtype=np.int64)
     new_of[kept] = np.arange(kept.size)
     ksizes = sizes[kept]
     kgs = np.concatenate([[0], np.cumsum(ksizes)])
     s_cost = np.concatenate([unary[g] for g in kept]) if kept.size else np.zeros(0)
-    s_upper = np.concatenate([np.asarray(problem.col_upper)[gs[g]:gs[g + 1]] for g in kept]) if kept.size else np.zeros(0)
+    upper = np.asarray(problem.col_upper)
+    s_upper = np.concatenate([upper[gs[g] + alive[g]] for g in kept]) if kept.size else np.zeros(0)
     cols: list[list] = [[(r, 1.0)] for r, g in enumerate(kept) for _ in range(sizes[g])]
     row_lo, row_up = [1.0] * kept.size, [1.0] * kept.size
-    # the full problem's non-marginal rows past the one-hot rows (ties, memory), kept verbatim
-    a_start = np.asarray(problem.a_start, dtype=np.int64)
-    a_index = np.asarray(problem.a_index, dtype=np.int64)
-    a_value = np.asarray(problem.a_value, dtype=np.float64)
-    other = {}
-    for g in kept:
-        for c in range(gs[g], gs[g + 1]):
-            for r, val in zip(a_index[a_start[c]:a_start[c + 1]], a_value[a_start[c]:a_start[c + 1]]):
-                if r >= G and not marginal[r]:
-                    other.setdefault(int(r), []).append((kgs[new_of[g]] + c - gs[g], float(val)))
+    # the full problem's rows past the one-hot and marginal rows (ties, memory) that substitution
+    # left, over kept groups (which such rows pin: all their strategies remain)
     rl, ru = np.asarray(problem.row_lower), np.asarray(problem.row_upper)
-    for r in sorted(other):
+    for r, entries in sorted(rows_left.items()):
         row = len(row_lo)
         row_lo.append(float(rl[r]))
         row_up.append(float(ru[r]))
-        for c, val in other[r]:
-            cols[c].append((row, val))
+        for g, k, val in entries:
+            cols[kgs[new_of[g]] + k].append((row, val))
     e_cost, e_cols = [], []
     for a in kept:
         for b, m in sorted(adj[a].items()):
@@ -228,16 +263,21 @@ def _model(problem, kept, unary, adj, sizes, gs, marginal, offset, G) -> SimpleN
                 else:
                     s_cost[ka:ka + sizes[a]] += m[:, 0]
                 continue
-            ra, rb = len(row_lo), len(row_lo) + sizes[a]
-            row_lo += [0.0] * (sizes[a] + sizes[b])
-            row_up += [0.0] * (sizes[a] + sizes[b])
+            # one marginal row per class of equal rows (columns) of m: strategies with the same
+            # output (operand) spec cost the same on this edge, so their e-columns are one
+            rows_a, cls_a = np.unique(m, axis=0, return_inverse=True)
+            cols_b, cls_b = np.unique(rows_a, axis=1, return_inverse=True)
+            na, nb = cols_b.shape
+            ra, rb = len(row_lo), len(row_lo) + na
+            row_lo += [0.0] * (na + nb)
+            row_up += [0.0] * (na + nb)
             for x in range(sizes[a]):
-                cols[ka + x].append((ra + x, -1.0))
+                cols[ka + x].append((ra + int(cls_a.ravel()[x]), -1.0))
             for y in range(sizes[b]):
-                cols[kb + y].append((rb + y, -1.0))
-            for x in range(sizes[a]):
-                for y in range(sizes[b]):
-                    e_cost.append(float(m[x, y]))
+                cols[kb + y].append((rb + int(cls_b.ravel()[y]), -1.0))
+            for x in range(na):
+                for y in range(nb):
+                    e_cost.append(float(cols_b[x, y]))
                     e_cols.append([(ra + x, 1.0), (rb + y, 1.0)])
     all_cols = cols + e_cols
     nnz = np.array([len(c) for c in all_cols], dtype=np.int64)

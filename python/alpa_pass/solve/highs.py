@@ -27,8 +27,10 @@ class SolveOptions:
     unmerged refinement: no RINS/RENS sub-MIP heuristics and no root restarts, which on the
     3-layer MLP's refinement cut HiGHS's simplex iterations 5x, 21590 -> 4310, same optimum;
     branching, cuts and the cheap heuristics stay on, so the proof of optimality is unchanged),
-    eliminate_chains (solve the exact reduction of ``solve.eliminate``: groups of degree <= 2,
-    e.g. follower chains, folded into their neighbours; same optimum, smaller ILP)."""
+    eliminate_chains (solve the exact reduction of ``solve.eliminate``: ties substituted, dominated
+    strategies dropped, groups of degree <= 2 (e.g. follower chains) folded into their neighbours,
+    equal edge-cost rows sharing product columns; same optimum, smaller ILP; the planner's solves
+    use it, ``AutoShardingOption.solve_options``)."""
 
     time_limit_s: float | None = None
     rel_gap: float = 1e-4
@@ -54,6 +56,7 @@ class Solution:
     solve_time_s: float
     log: str = ""
     node_limited: bool = False  # stopped by the node limit: deterministic, but maybe not optimal
+    solved_size: tuple = (0, 0)  # (columns, rows) HiGHS solved: the exact reduction's when it applied
 
 
 def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_rows=None) -> Solution:
@@ -133,7 +136,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
     return Solution(assignment=assignment, x=x, objective=objective, status=status_text,
                     optimal=optimal, mip_gap=gap, solve_time_s=elapsed, log=log,
                     time_limited=status == highspy.HighsModelStatus.kTimeLimit,
-                    node_limited=status == highspy.HighsModelStatus.kSolutionLimit)
+                    node_limited=status == highspy.HighsModelStatus.kSolutionLimit,
+                    solved_size=(int(model.num_cols), int(model.num_rows) - int(rows.size)))
 
 
 def _raise_which(status, highspy) -> str:
