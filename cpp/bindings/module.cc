@@ -276,6 +276,7 @@ void bind_graph_strategy(nb::module_& m) {
   nb::class_<CoreOptions>(m, "CoreOptions", "Options of the C++ core (see strategy.h).")
       .def(nb::init<>())
       .def_rw("allow_replicated_heavy_ops", &CoreOptions::allow_replicated_heavy_ops)
+      .def_rw("allow_mixed_mesh_shape", &CoreOptions::allow_mixed_mesh_shape)
       .def_rw("compute_cost_per_flop", &CoreOptions::compute_cost_per_flop)
       .def_rw("memory_cost_per_byte", &CoreOptions::memory_cost_per_byte)
       .def_rw("memory_budget_per_device", &CoreOptions::memory_budget_per_device)

@@ -21,17 +21,44 @@ struct Registry {
   std::array<RuleFn, kNumOpKinds> rules;
 };
 
+// True if `spec` splits some tensor dim over two or more mesh axes of size > 1.
+bool splits_dim_over_axes(const Spec& spec, const Mesh& mesh) {
+  for (size_t a = 0; a < spec.size(); ++a) {
+    if (spec[a] < 0 || mesh.shape[a] <= 1) continue;
+    for (size_t b = a + 1; b < spec.size(); ++b) {
+      if (spec[b] == spec[a] && mesh.shape[b] > 1) return true;
+    }
+  }
+  return false;
+}
+
+// Without options.allow_mixed_mesh_shape: drop a leader's strategies that split a dim over several
+// axes (followers are built 1:1 from their leader's filtered list). Keeps all if none remains.
+NodeStrategies drop_mixed(const RuleContext& ctx, NodeStrategies s) {
+  if (ctx.options.allow_mixed_mesh_shape || s.follow >= 0) return s;
+  std::vector<Strategy> kept;
+  for (const Strategy& st : s.list) {
+    bool mixed = splits_dim_over_axes(st.out, ctx.mesh);
+    for (const Spec& in : st.ins) mixed = mixed || splits_dim_over_axes(in, ctx.mesh);
+    if (!mixed) kept.push_back(st);
+  }
+  if (!kept.empty()) s.list = std::move(kept);
+  return s;
+}
+
 RuleFn wrap_small_replicated(OpKind kind, RuleFn fn) {
   if (kind == OpKind::kOutput || kind == OpKind::kReduce || kind == OpKind::kDot ||
       kind == OpKind::kConvolution) {
-    return fn;
+    return [fn = std::move(fn)](const RuleContext& ctx, int64_t v) -> NodeStrategies {
+      return drop_mixed(ctx, fn(ctx, v));
+    };
   }
   return [fn = std::move(fn)](const RuleContext& ctx, int64_t v) -> NodeStrategies {
     if (ctx.graph.numel(v) <= static_cast<double>(ctx.options.replicate_below_numel)) {
       return rules::single_replicated(ctx, v,
                                       std::string(op_kind_name(ctx.graph.op_kind(v))) + " small R");
     }
-    return fn(ctx, v);
+    return drop_mixed(ctx, fn(ctx, v));
   };
 }
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from alpa_pass.emit.calls import specialize_callees
 from alpa_pass.emit.constraints import (SKIP_CALL_PATHS, SKIP_GENERATOR, SKIP_PARAM_OUTPUT,
                                         insert_constraints, sharding_text)
 from alpa_pass.errors import EmitError, ShardingError
@@ -122,6 +123,24 @@ def test_callee_conflicting_call_paths_are_skipped(mesh):
     assert report.inserted == 1 and report.skipped == {SKIP_CALL_PATHS: 2}
     assert report.num_skipped == 2
     assert lowered.as_text().count("sdy.sharding_constraint") == 1
+
+
+def test_specialized_callees_take_each_call_paths_constraint(mesh):
+    # The conflicting case above after emit.calls: each call reaches its own copy of the callee,
+    # so both sines are constrained, each to its own layout, and the numbers do not change.
+    args = (jnp.arange(128.0).reshape(8, 16) / 100, jnp.ones((4, 8)))
+    graph, lowered = _lower_both(_twice, args, mesh)
+    s0, s1 = _nodes(graph, "stablehlo.sine")
+    module = lowered._lowering._hlo
+    graph = specialize_callees(module, graph)
+    assert graph.locators[s0].func != graph.locators[s1].func
+    report = insert_constraints(module, graph, {s0: [("x",), ()], s1: [(), ("y",)]})
+    assert report.inserted == 2 and report.skipped == {}
+    text = lowered.as_text()
+    assert text.count("func.func private") == 2 and text.count("sdy.sharding_constraint") == 2
+    assert '<@mesh, [{"x"}, {}]>' in text and '<@mesh, [{}, {"y"}]>' in text
+    np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_twice)(*args), rtol=1e-5)
+    assert specialize_callees(module, graph) is graph  # nothing left to split
 
 
 def test_module_changed_between_extraction_and_emission(mesh):

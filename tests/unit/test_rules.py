@@ -296,6 +296,19 @@ def test_dot_on_2x4_uses_both_axes():
     assert s.comm == pytest.approx(MESH24.all_reduce(per_dev, 0) + MESH24.all_reduce(per_dev, 1))
 
 
+
+def test_no_mixed_mesh_shape_keeps_one_axis_per_dim():
+    # allow_mixed_mesh_shape=False (Alpa's default): of the 16 dot strategies on 2x4 the 4 that
+    # put both axes on one dim (b0, lfree0, rfree0, c0 twice) go; a parameter keeps its 1-axis specs.
+    b = GraphBuilder()
+    x = param(b, [8, 32, 64])
+    w = param(b, [8, 64, 16], 1)
+    d = b.add(OpKind.DOT, [8, 32, 16], F32, [x, w], [1, 0, 0, 1, 2, 1])
+    ns = strategies(b, d, MESH24, allow_mixed_mesh_shape=False)
+    assert len(ns.strategies) == 12 and "dot c0@x c0@y" not in {s.name for s in ns.strategies}
+    specs = [s.out for s in strategies(b, x, MESH24, allow_mixed_mesh_shape=False).strategies]
+    assert specs == [s for s in _core.enumerate_specs([8, 32, 64], MESH24) if s[0] < 0 or s[0] != s[1]]
+
 def test_dot_divisibility_drops_strategies():
     b, d = matmul(2, 8, 6)  # 2 rows, 8 contracting, 6 columns: only c0 divides by 4
     (s,) = strategies(b, d, MESH14).strategies

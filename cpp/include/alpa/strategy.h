@@ -14,6 +14,11 @@ struct CoreOptions {
   // Heavy ops (dot, convolution) may run replicated on a mesh axis of size > 1 only if no strategy
   // uses every such axis (Alpa: "we disallow replicated computation for heavy operators").
   bool allow_replicated_heavy_ops = false;
+  // Strategies may split one tensor dim over several mesh axes of size > 1 (Alpa's
+  // `allow_mixed_mesh_shape`, off there by default: a [S01, R] activation between Megatron layers
+  // trades each all-reduce for an all-to-all plus all-gathers). Off: a node keeps only strategies
+  // whose specs split each dim over at most one such axis (all of them if none does).
+  bool allow_mixed_mesh_shape = true;
   // Cost per FLOP of per-device compute (tie-breaker between otherwise equal strategies).
   double compute_cost_per_flop = 1e-9;
   // Merge followers (elementwise, transpose, reduce, output, ...) into the node they follow.

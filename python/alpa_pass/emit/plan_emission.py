@@ -2,7 +2,8 @@
 
 Input IR state: a Shardy module with the same ops as the one the plan's graph was extracted from,
 lowered with the plan's input/output shardings (or given them by ``emit.entry_shardings``).
-Output IR state: every planned value constrained (``emit.constraints``), resharded uses pinned
+Output IR state: every call path with its own callee (``emit.calls``), every planned value
+constrained (``emit.constraints``), resharded uses pinned
 (``emit.targets.operand_targets``), with ``prefer_reduce_scatter``, parameter-gradient partial
 sums rewritten to explicit reduce-scatters (``emit.reduce_scatter``), and gradient accumulators of
 top-level loops carried as per-shard partial sums, reduced once after the loop
@@ -16,6 +17,7 @@ import logging
 from jaxlib.mlir import ir
 
 from alpa_pass.emit.accumulation import rewrite_accumulations
+from alpa_pass.emit.calls import specialize_callees
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
 from alpa_pass.emit.targets import constraint_targets, operand_targets
@@ -31,6 +33,7 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
     report (``reduce_scattered``: how many partial sums became reduce-scatters; ``accumulators``:
     how many loop accumulators are reduced after their loop)."""
     mesh = plan.mesh
+    graph = specialize_callees(module, graph)  # a shared callee's values differ per call path
     located = locate_partial_sum_dots(module, graph, plan, mesh) if option.prefer_reduce_scatter else []
     report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option.emit), mesh_name,
                                 operand_dim_shardings=operand_targets(graph, plan, mesh),
