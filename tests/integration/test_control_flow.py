@@ -123,3 +123,23 @@ def test_loop_costs_scale_with_the_trip_count():
     assert p4 > p2 and p8 - p4 == pytest.approx(2 * (p4 - p2), rel=0.05), (p2, p4, p8)
     o2, o4, o8 = (plans[n].objective for n in (2, 4, 8))
     assert o8 - o4 == pytest.approx(2 * (o4 - o2), rel=0.05), (o2, o4, o8)
+
+
+def test_resharding_edges_sum_to_the_predicted_resharding():
+    """``plan.edges.resharding_edges`` lists what the ILP charged: the scan's gradient on 2x4
+    reshards inside its loop body (each such edge weighted by the trip count L), and the edges'
+    costs add up to ``plan.predicted["resharding"]``."""
+    from alpa_pass.driver.jit import make_plan
+    from alpa_pass.plan.edges import resharding_edges
+
+    ws, x, y = _data(0)
+    fn = jax.value_and_grad(_scan_loss)
+    plan, graph, _ = make_plan(fn, (ws, x, y), MESH, ap.ShardParallel(mesh=MESH).planning_option())
+    edges = resharding_edges(plan, graph)
+    assert plan.predicted["resharding"] > 0
+    assert sum(e.cost for e in edges) == pytest.approx(plan.predicted["resharding"], rel=1e-9)
+    assert [e.cost for e in edges] == sorted((e.cost for e in edges), reverse=True)
+    assert {e.weight for e in edges} <= {1.0, float(L)} and any(e.weight == L for e in edges)
+    for e in edges:
+        assert e.cost == e.weight * ap._core.reshard_cost(MESH.to_core(), graph.shape(e.producer), 4.0, e.src, e.dst) > 0
+        assert graph.operands(e.consumer)[e.operand] == e.producer
