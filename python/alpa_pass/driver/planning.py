@@ -231,8 +231,8 @@ def _bound_exceeds_budget(problem, option: AutoShardingOption, where: str, restr
         return False
     smallest = getattr(restricted, "smallest_feasible_bytes", None)
     if _relaxed(option) is None and smallest is not None:
-        raise infeasible_error(where, budget, smallest, lower, " (no plan, whatever its layer ties or "
-                               "follower merging)") from restricted
+        raise infeasible_error(where, budget, smallest, lower, " (with or without layer ties or follower "
+                               "merging)") from restricted
     return _relaxed(option) is not None
 
 
