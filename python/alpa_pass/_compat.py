@@ -180,3 +180,21 @@ def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
                 names.add(eqn.primitive.name)
         stack.extend(core.subjaxprs(jaxpr))
     return names
+
+
+def scan_operands(params: dict, invals: list) -> tuple[list, list, list]:
+    """(consts, carry, xs) of a ``scan`` equation's operands. jax < 0.12 counts them in
+    ``num_consts`` / ``num_carry``; jax 0.12 describes the three groups by a flat tree ``ft_in``."""
+    if "num_consts" in params:
+        nc, ncarry = int(params["num_consts"]), int(params["num_carry"])
+        return list(invals[:nc]), list(invals[nc:nc + ncarry]), list(invals[nc + ncarry:])
+    consts, carry, xs = params["ft_in"].update(list(invals)).unpack()
+    return list(consts), list(carry), list(xs)
+
+
+def bind_params(eqn, **changes) -> tuple[tuple, dict]:
+    """(sub-functions, params) to re-bind ``eqn``'s primitive with ``changes`` applied
+    (``get_bind_params`` gives the params alone for scan on jax 0.10-0.12, and ``(subfuns,
+    params)`` for primitives that bind sub-functions)."""
+    bound = eqn.primitive.get_bind_params(dict(eqn.params, **changes))
+    return bound if isinstance(bound, tuple) else ((), bound)

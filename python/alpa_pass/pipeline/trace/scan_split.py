@@ -18,6 +18,7 @@ import jax
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
+from alpa_pass import _compat
 from alpa_pass.errors import MeshError, TraceError
 from alpa_pass.pipeline.trace.markers import boundary_p
 from alpa_pass.pipeline.trace.step import eval_eqns
@@ -79,8 +80,8 @@ def _split_scan(eqn, invals, bounds) -> list:
     """The outputs of scan ``eqn`` on ``invals``, computed as one scan per ``[a, b)`` of ``bounds``
     (in iteration order: last range first for a reverse scan), a pipeline_boundary between them."""
     p = eqn.params
-    nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
-    consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    consts, carry, xs = _compat.scan_operands(p, invals)
+    ncarry = len(carry)
     ranges = list(zip(bounds[:-1], bounds[1:]))
     order = ranges[::-1] if p["reverse"] else ranges
     ys_parts = {}
@@ -88,8 +89,7 @@ def _split_scan(eqn, invals, bounds) -> list:
         if i:
             boundary_p.bind()
         piece_xs = [lax.slice_in_dim(x, a, b, axis=0) for x in xs]
-        params = eqn.primitive.get_bind_params(dict(p, length=b - a))
-        subfuns, params = params if isinstance(params, tuple) else ((), params)  # (jax < 0.10 form)
+        subfuns, params = _compat.bind_params(eqn, length=b - a)
         outs = eqn.primitive.bind(*subfuns, *consts, *carry, *piece_xs, **params)
         carry, ys_parts[(a, b)] = list(outs[:ncarry]), list(outs[ncarry:])
     ys = [lax.concatenate([ys_parts[r][k] for r in ranges], 0) for k in range(len(eqn.outvars) - ncarry)]
