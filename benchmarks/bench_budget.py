@@ -21,6 +21,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # zoo, benchmarks.*
+from benchmarks.devices import simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -73,10 +75,7 @@ def run_case(config, mesh_shape, budget_gib, time_limit) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     mesh_shape = tuple(int(s) for s in args.mesh.split("x"))
-    flag = f"--xla_force_host_platform_device_count={math.prod(mesh_shape)}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, ROOT)
+    simulate_cpu_devices(math.prod(mesh_shape))
     if args.log:
         import logging
 

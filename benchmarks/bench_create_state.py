@@ -21,6 +21,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # zoo, benchmarks.*
+from benchmarks.devices import simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -90,10 +92,7 @@ def run(size: str, mesh_shape: tuple, method: str) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     shape = tuple(int(s) for s in args.mesh.split("x"))
-    flag = f"--xla_force_host_platform_device_count={math.prod(shape)}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, ROOT)  # zoo, benchmarks.*
+    simulate_cpu_devices(math.prod(shape))
     result = run(args.size, shape, args.method)
     gib = 2**30
     print(f"GPT-{args.size} on {args.mesh} ({args.method}): state {result['state_bytes'] / gib:.2f} GiB, "

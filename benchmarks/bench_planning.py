@@ -33,6 +33,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # zoo, benchmarks.*
+from benchmarks.devices import simulate_cpu_devices  # noqa: E402
 ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
 SMALL_SUITE = (("mlp3", "2x4"), ("mlp3", "2x2x2"), ("gpt2", "2x4"), ("gpt2", "2x2x2"))
 
@@ -60,14 +62,6 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="write the result to this file (single case)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
-
-
-def _setup_devices(num_devices: int) -> None:
-    """Simulate num_devices CPU devices; must run before jax is imported."""
-    flag = f"--xla_force_host_platform_device_count={num_devices}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, ROOT)  # zoo, benchmarks.*
 
 
 def _mesh_shape(text: str) -> tuple[int, ...]:
@@ -184,7 +178,7 @@ def _write(result, out_dir: str, name: str, path: str | None = None) -> str:
 
 def run_single(args) -> int:
     mesh_shape = _mesh_shape(args.mesh)
-    _setup_devices(math.prod(mesh_shape))
+    simulate_cpu_devices(math.prod(mesh_shape))
     from zoo import gpt
 
     config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,
@@ -224,7 +218,7 @@ def compile_in_subprocess(size: str, mesh: str, args) -> dict:
 
 
 def run_suite(args) -> int:
-    _setup_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE))
+    simulate_cpu_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE))
     from benchmarks.models.gpt_sizes import SIZES
 
     results = []
@@ -275,7 +269,7 @@ def _counting_solves():
 
 def run_small(args) -> int:
     """Plan each SMALL_SUITE case (default options, abstract inputs); print time and work."""
-    _setup_devices(8)
+    simulate_cpu_devices(8)
     import jax
 
     import alpa_pass as ap

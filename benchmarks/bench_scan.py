@@ -24,6 +24,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # zoo, benchmarks.*
+from benchmarks.devices import simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -42,14 +44,6 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=600.0, help="solver time limit (s)")
     p.add_argument("--out", default=None, help="output folder (created; default: a new temporary folder)")
     return p.parse_args(argv)
-
-
-def _setup_devices(num_devices: int) -> None:
-    """Simulate num_devices CPU devices; must run before jax is imported."""
-    flag = f"--xla_force_host_platform_device_count={num_devices}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, ROOT)  # zoo
 
 
 PLAN_PHASES = ("trace", "extract", "build", "solve", "refine")
@@ -82,7 +76,7 @@ def run_case(config, mesh_shape, args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     mesh_shape = tuple(int(s) for s in args.mesh.split("x"))
-    _setup_devices(math.prod(mesh_shape))
+    simulate_cpu_devices(math.prod(mesh_shape))
     from zoo import gpt_scan
 
     out_dir = args.out or tempfile.mkdtemp(prefix="bench_scan-")
