@@ -98,6 +98,15 @@ def _assert_close(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
+def _trains_like_jit(step, ref_step, state, batch, steps):
+    """``steps`` steps of ``step`` equal those of single-device ``jax.jit(ref_step)``."""
+    ref = state
+    for _ in range(steps):
+        state, loss = step(state, batch)
+        ref, ref_loss = jax.jit(ref_step)(ref, batch)
+        _assert_close((state, loss), (ref, ref_loss))
+
+
 def test_accumulated_dots_cost_once():
     """The two weight-gradient dots, the bias gradient's sum and the loss's sum (divided by a
     constant on the way) of the scan body, all summed into the carry, count their communication
@@ -127,11 +136,7 @@ def test_scan_accumulation_reduces_after_the_loop(shape):
     # combines them into one tuple all-reduce). On main (e539fa6) these plans all-reduced
     # activations inside the loop (1x8: 1, 2x4: 2 per micro-batch).
     assert loop_collectives(hlo) == (0, 1)
-    ref = state
-    for _ in range(3):
-        state, loss = step(state, batch)
-        ref, ref_loss = jax.jit(scan_step)(ref, batch)
-        _assert_close((state, loss), (ref, ref_loss))
+    _trains_like_jit(step, scan_step, state, batch, 3)
 
 
 def test_without_the_rewrite_the_sync_is_in_the_loop():
@@ -170,11 +175,7 @@ def test_num_micro_batches_equals_plain_step_and_scan(shape):
     assert exe.plan.emit_report.accumulators == scan_exe.plan.emit_report.accumulators >= 3
     assert loop_collectives(exe.hlo_text()) == loop_collectives(scan_exe.hlo_text()) == (0, 1)
     assert exe.plan.objective == pytest.approx(scan_exe.plan.objective, rel=1e-6)
-    ref = state
-    for _ in range(2):
-        state, loss = step(state, batch)
-        ref, ref_loss = jax.jit(plain_step)(ref, batch)
-        _assert_close((state, loss), (ref, ref_loss))
+    _trains_like_jit(step, plain_step, state, batch, 2)
 
 
 def test_num_micro_batches_has_aux_and_errors():
