@@ -118,11 +118,10 @@ def _skip_reason(option, problem) -> str | None:
 
 
 def _refine_solve_options(option) -> SolveOptions:
-    """The planner's solver options with the refinement's node limit, no objective bound, and
-    HiGHS's search focused on proving or improving the warm start (``improve_start_only``) on the
+    """The planner's solver options with the refinement's node limit and no objective bound, on the
     exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away)."""
     return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit,
-                               improve_start_only=True, eliminate_chains=True)
+                               eliminate_chains=True)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):
