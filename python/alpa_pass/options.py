@@ -95,6 +95,14 @@ class AutoShardingOption:
         ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
         content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
+      peel_layer_scans: lower the function with the first and last iteration of each scanned layer
+        stack run outside its loop (``trace/scan_peel.py``): a loop-carried value has one layout,
+        so without this the boundary layers hand their activation (gradient) to the embedding in
+        the loop's layout (the backward loop all-gathers it in its last iteration too); peeled,
+        they get their own layouts, as an unrolled twin's first and last layers do. A layer stack
+        is a top-level ``scan`` of at least 3 iterations over a floating-point argument as passed
+        (stacked parameters; not micro-batches cut from the batch). Same ops, same numerics; the
+        cost is two more copies of the loop body per scan in the module, the ILP and XLA's compile.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -120,6 +128,7 @@ class AutoShardingOption:
     refine_node_limit: int = 1000
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
     profile: "str | dict | cost_profile.ClusterProfile | None" = None
+    peel_layer_scans: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "profile", cost_profile.normalize(self.profile))

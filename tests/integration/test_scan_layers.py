@@ -76,12 +76,9 @@ def test_scanned_gpt_is_planned_like_its_unrolled_twin(kind, shape):
     plans = _plans(config, shape)
     (scan, scan_params), (twin, twin_params) = plans[True], plans[False]
     assert scan.fallbacks == {} and twin.fallbacks == {}
-    mesh = ap.LogicalMesh(shape=shape).to_core()
-    batch_split = [0 if n == max(shape) else -1 for n in shape]  # batch on the larger axis
-    gather = ap._core.reshard_cost(mesh, (config.batch, config.seq, config.hidden), 4.0, batch_split, [-1, -1])
-    assert scan.objective - twin.objective <= gather, (scan.objective, twin.objective, gather)
     ratio = scan.objective / twin.objective
-    assert ratio >= (0.999 if shape == (1, 8) else 0.85), (scan.objective, twin.objective)
+    assert (abs(ratio - 1) if shape == (1, 8) else ratio - 1) <= 0.01, (scan.objective, twin.objective)
+    assert ratio >= 0.85, (scan.objective, twin.objective)
     specs, twin_specs = _param_specs(scan, scan_params), _param_specs(twin, twin_params)
     stacked = [p for p in specs if p[0] == "blocks"]
     assert len(stacked) == 13
