@@ -95,14 +95,16 @@ class AutoShardingOption:
         ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
         content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
-      peel_layer_scans: lower the function with the first and last iteration of each scanned layer
-        stack run outside its loop (``trace/scan_peel.py``): a loop-carried value has one layout,
-        so without this the boundary layers hand their activation (gradient) to the embedding in
-        the loop's layout (the backward loop all-gathers it in its last iteration too); peeled,
-        they get their own layouts, as an unrolled twin's first and last layers do. A layer stack
-        is a top-level ``scan`` of at least 3 iterations over a floating-point argument as passed
-        (stacked parameters; not micro-batches cut from the batch). Same ops, same numerics; the
-        cost is two more copies of the loop body per scan in the module, the ILP and XLA's compile.
+      peel_layer_scans: lower the function with the last iteration of each scanned layer stack's
+        backward loop (layer 0's backward) run outside the loop (``trace/scan_peel.py``): a
+        loop-carried value has one layout, so without this the loop hands the activation gradient
+        to the embedding gradient in the loop's layout (all-gathered in its last iteration too);
+        peeled, layer 0 gets its own layouts as an unrolled twin's does (the GPT test: objective
+        1.022 -> 0.999 of its twin on 1x8). A layer stack's backward loop is a top-level reverse
+        ``scan`` of at least 3 iterations over a floating-point argument as passed (stacked
+        parameters); forward scans (gradient accumulation, fori_loop) are never rewritten. Same
+        ops, same numerics; the cost is one more copy of that loop body in the module, the ILP and
+        XLA's compile (constant in the layer count).
     """
 
     allow_replicated_heavy_ops: bool = False

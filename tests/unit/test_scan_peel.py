@@ -1,5 +1,6 @@
-"""``trace.scan_peel``: which scans are peeled (a layer stack over a stacked float argument, at
-least ``MIN_LENGTH`` iterations) and that the peeled program computes what the scan did."""
+"""``trace.scan_peel``: which scans are peeled (the reverse scan of a layer stack's backward pass
+over a stacked float argument, at least ``MIN_LENGTH`` iterations) and that the peeled program
+computes what the scan did."""
 from __future__ import annotations
 
 import jax
@@ -27,17 +28,18 @@ def _scans(closed):
     return [_compat.scan_info(e)[:2] for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
 
 
-def test_layer_stack_and_its_gradient_are_peeled_and_compute_the_same():
-    """Forward scan and its reverse backward scan over 5 stacked weights: each keeps a loop over
-    the 3 middle iterations, its boundary iterations inlined; the backward scan reads the forward
-    scan's per-iteration residuals as pieces (no stacked residual concatenated to be sliced again:
-    the one concatenate left stacks the weight gradient, an output); values equal jax.jit's."""
+def test_the_backward_loop_of_a_layer_stack_runs_its_last_iteration_peeled():
+    """Forward scan and its reverse backward scan over 5 stacked weights: the forward scan stays
+    whole; the backward one loops over iterations 4..1 and runs iteration 0 (layer 0's backward)
+    inlined, its weight gradient concatenated to the loop's; values equal jax.jit's, and layer 0's
+    input gradient (x is not differentiated) is not computed at all (dead code removed)."""
     args = _args(5)
     closed = jax.make_jaxpr(jax.value_and_grad(_layers))(*args)
     assert _scans(closed) == [(5, False), (5, True)]
     peeled = peel_layer_scans(closed)
-    assert _scans(peeled) == [(3, False), (3, True)]
-    assert [e.primitive.name for e in peeled.jaxpr.eqns].count("concatenate") == 1
+    assert _scans(peeled) == [(5, False), (4, True)]
+    names = [e.primitive.name for e in peeled.jaxpr.eqns]
+    assert names.count("concatenate") == 1 and names.count("dot_general") == 1  # layer 0's weight gradient
     assert peeled.in_avals == closed.in_avals and peeled.out_avals == closed.out_avals
     got = jax.jit(lambda *a: eval_closed(peeled, *a))(*args)
     want = jax.jit(jax.value_and_grad(_layers))(*args)
@@ -46,10 +48,11 @@ def test_layer_stack_and_its_gradient_are_peeled_and_compute_the_same():
 
 
 def test_scans_that_are_not_layer_stacks_are_left_alone():
-    """Short loops (< MIN_LENGTH), loops over micro-batches cut from the batch (gradient
-    accumulation), over integer arguments, or with no stacked operand (fori_loop): nothing to peel."""
+    """Forward scans (a layer stack without its gradient, micro-batch accumulation, fori_loop),
+    short backward loops (< MIN_LENGTH) and reverse loops over integer arguments: nothing to peel."""
     ws, x = _args(MIN_LENGTH - 1)
     assert peel_layer_scans(jax.make_jaxpr(jax.grad(_layers))(ws, x)) is None
+    assert peel_layer_scans(jax.make_jaxpr(_layers)(*_args(5))) is None
 
     w = ws[0]
 
@@ -61,7 +64,7 @@ def test_scans_that_are_not_layer_stacks_are_left_alone():
     assert peel_layer_scans(jax.make_jaxpr(accumulate)(w, np.ones((4 * B, D), np.float32))) is None
 
     def over_tokens(table, tokens):
-        return lax.scan(lambda h, t: (h + table[t].sum(), None), 0.0, tokens)[0]
+        return lax.scan(lambda h, t: (h + table[t].sum(), None), 0.0, tokens, reverse=True)[0]
 
     assert peel_layer_scans(jax.make_jaxpr(over_tokens)(w, np.zeros((6, 3), np.int32))) is None
     assert peel_layer_scans(jax.make_jaxpr(lambda w, x: lax.fori_loop(0, 6, lambda i, h: h @ w, x))(w, x)) is None
