@@ -71,8 +71,10 @@ def test_scanned_gpt_is_planned_like_its_unrolled_twin(kind, shape):
     ones exceed the refinement's column cap), a heuristic: the scan is 0.918 (lax, flax) of the
     twin, whose merged optimum is ~15% above its unmerged one, and flax_remat 1.019 (its merged
     plan splits the activations' hidden dim inside the block and gathers it, with or without
-    peeling), so that case is held to 2% here; refined (refine_unmerged=True, minutes) lax is
-    737021 / 733189 = 1.005 (unpeeled 1.021) and flax_remat within 1% (unpeeled 1.012). On 1x8
+    peeling), so that case is held to 2% here. Refined (refine_unmerged=True, minutes) lax is
+    737021 / 733189 = 1.005 (unpeeled 1.021), flax_remat 800893 / 791186 = 1.012 as unpeeled
+    (peeling the forward loop's ends and the backward loop's first iteration too: 797328, 1.008,
+    but that made the merged lax plan 6% dearer, see ``trace/scan_peel.py``). On 1x8
     every layer of the twin gets the stacked param's spec (dim 0, the layer dim, never split)."""
     config = _config(kind)
     plans = _plans(config, shape)

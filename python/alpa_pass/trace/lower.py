@@ -18,9 +18,9 @@ def fn_name(fn) -> str:
 def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(), peel_scans: bool = False):
     """``jax.jit(fn, ...).lower(*args)`` with every argument kept (module args == arg leaves).
 
-    ``args`` may hold arrays or ``jax.ShapeDtypeStruct``s. ``peel_scans``: lower ``fn`` with its
-    layer-stack scans' boundary iterations peeled (``trace.scan_peel``; the same program, the
-    same arguments and outputs). Raises TraceError naming ``fn`` when JAX cannot trace or lower it.
+    ``args`` may hold arrays or ``jax.ShapeDtypeStruct``s. ``peel_scans``: lower ``fn`` with the
+    last iteration of each layer stack's backward scan run outside its loop (``trace.scan_peel``:
+    the same ops, arguments and outputs). Raises TraceError naming ``fn`` when JAX cannot trace or lower it.
     """
     kwargs = dict(keep_unused=True, donate_argnums=tuple(donate_argnums))
     if in_shardings is not None:
@@ -44,8 +44,8 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
 
 
 def _peeled(fn, args):
-    """``fn`` computed from its jaxpr with the layer-stack scans peeled (``scan_peel``), or ``fn``
-    itself when it has none."""
+    """``fn`` computed from its jaxpr with its layer stacks' backward scans peeled (``scan_peel``),
+    or ``fn`` itself when it has none."""
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     peeled = peel_layer_scans(closed)
     if peeled is None:
