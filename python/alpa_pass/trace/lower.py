@@ -46,15 +46,29 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
 def _peeled(fn, args):
     """``fn`` computed from its jaxpr with its layer stacks' backward scans peeled (``scan_peel``),
     or ``fn`` itself when it has none."""
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    peeled = peel_layer_scans(closed)
+    trees = []
+
+    def flat(*a):  # (make_jaxpr's return_shape would build ShapeDtypeStructs: jax 0.12 warns on weak types)
+        leaves, tree = jax.tree.flatten(fn(*a))
+        trees.append(tree)
+        return leaves
+
+    peeled = peel_layer_scans(jax.make_jaxpr(flat)(*jax.tree.map(_canonical, args)))
     if peeled is None:
         return fn
-    out_tree = jax.tree.structure(out_shape)
 
     def run(*a):
-        return jax.tree.unflatten(out_tree, eval_closed(peeled, *jax.tree.leaves(a)))
+        return jax.tree.unflatten(trees[0], eval_closed(peeled, *jax.tree.leaves(a)))
     return run
+
+
+def _canonical(x) -> jax.ShapeDtypeStruct:
+    """``leaf_aval(x)`` with the dtype jax computes in (float64 is float32 without x64): what
+    ``jax.jit`` traces a float64 argument as, silently (``make_jaxpr`` would warn)."""
+    aval = leaf_aval(x)
+    if is_prng_key(aval):
+        return aval
+    return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.canonicalize_dtype(aval.dtype), weak_type=aval.weak_type)
 
 
 def output_ties(args, outputs) -> list[tuple[int, int]]:
