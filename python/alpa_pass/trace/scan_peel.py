@@ -14,11 +14,12 @@ so the planner gives layer 0's backward its own layouts and the loop one layout.
 iteration runs the scan's own body equations (the same ops: numerics equal); the ``ys`` are
 ``concat([ys_0[None], ys_1..L-1])``.
 
-Only that iteration, measured on the test GPT (``tests/integration/test_scan_layers.py``): peeling
-the forward scan's first or last iteration as well gains nothing (the forward loop's boundaries
-cost the same in or out of the loop) and its copies made the merged-follower ILP's optimum worse
-(on 2x4, 776254 -> 820796) and its solve slower; peeling the backward loop's first iteration
-gains nothing either.
+Only that iteration, measured on the test GPT (``tests/integration/test_scan_layers.py``, lax):
+peeling the forward scan's first and last iterations gains nothing (1x8: 995510 as unpeeled,
+against 973562 with this peel) and made the merged-follower ILP's optimum on 2x4 worse (776254
+-> 820796) and the 24-layer 8x8 solve 5x slower; peeling the backward loop's first iteration as
+well changes nothing (973563, 776260). Only the refined (unmerged) flax_remat plan on 2x4 gained
+from the extra copies (800893 -> 797328, 0.4%).
 
 Which scans (the rule, :func:`is_layer_stack`): a reverse ``scan`` at the top level of the
 function (not inside a ``jit``/``pjit`` call, a ``cond`` or another loop) with at least
@@ -27,12 +28,11 @@ passed (the stacked ``[L, ...]`` parameters). Forward scans (gradient accumulati
 micro-batches, a forward layer stack, ``fori_loop``) and short loops are left alone.
 
 Cost: one more copy of the backward loop body in the module, in the ILP (about +60% columns on
-the 24-layer 8x8 benchmark GPT, planning 4.6 -> 8.3 s) and in XLA's compile; the copy is a
+the 24-layer 8x8 benchmark GPT, planning 4 -> 8 s at 24 layers, 4 -> 9 s at 48) and in XLA's compile; the copy is a
 constant, not growing with the layer count. ``AutoShardingOption.peel_layer_scans=False`` turns
 it off.
 """
 from __future__ import annotations
-
 
 import jax
 import jax.numpy as jnp
