@@ -198,3 +198,29 @@ def bind_params(eqn, **changes) -> tuple[tuple, dict]:
     params)`` for primitives that bind sub-functions)."""
     bound = eqn.primitive.get_bind_params(dict(eqn.params, **changes))
     return bound if isinstance(bound, tuple) else ((), bound)
+
+
+def scan_info(eqn) -> tuple[int, bool, object]:
+    """(length, reverse, body ClosedJaxpr) of a ``scan`` equation. The body's inputs are the
+    scan's operands in order (consts, carry, one slice of each xs), its outputs the new carry and
+    one slice of each ys."""
+    p = eqn.params
+    return int(p["length"]), bool(p["reverse"]), p["jaxpr"]
+
+
+def dce_closed_jaxpr(closed):
+    """``closed`` without the equations no output needs (every input kept), as ``jax.jit``'s
+    lowering prunes a jaxpr it is handed (``pe.dce_jaxpr``; scans drop unused carries and ys)."""
+    from jax._src.interpreters import partial_eval as pe
+    from jax.extend.core import ClosedJaxpr
+
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, True, instantiate=True)
+    return ClosedJaxpr(jaxpr, closed.consts)
+
+
+def eqn_source(eqn):
+    """A context in which equations bound again keep ``eqn``'s user source location and name
+    stack (so a rewritten program's ops still point at the user's code in plan labels)."""
+    from jax._src import source_info_util
+
+    return source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack)

@@ -95,6 +95,16 @@ class AutoShardingOption:
         ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
         content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
+      peel_layer_scans: lower the function with the last iteration of each scanned layer stack's
+        backward loop (layer 0's backward) run outside the loop (``trace/scan_peel.py``): a
+        loop-carried value has one layout, so without this the loop hands the activation gradient
+        to the embedding gradient in the loop's layout (all-gathered in its last iteration too);
+        peeled, layer 0 gets its own layouts as an unrolled twin's does (the GPT test: objective
+        1.022 -> 0.999 of its twin on 1x8). A layer stack's backward loop is a top-level reverse
+        ``scan`` of at least 3 iterations over a floating-point argument as passed (stacked
+        parameters); forward scans (gradient accumulation, fori_loop) are never rewritten. Same
+        ops, same numerics; the cost is one more copy of that loop body in the module, the ILP and
+        XLA's compile (constant in the layer count).
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -120,6 +130,7 @@ class AutoShardingOption:
     refine_node_limit: int = 1000
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
     profile: "str | dict | cost_profile.ClusterProfile | None" = None
+    peel_layer_scans: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "profile", cost_profile.normalize(self.profile))

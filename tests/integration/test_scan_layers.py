@@ -59,29 +59,32 @@ def _plans(config, shape):
     pytest.param("flax_remat", (2, 4), marks=pytest.mark.slow),
 ])
 def test_scanned_gpt_is_planned_like_its_unrolled_twin(kind, shape):
-    """The scan's loop body is planned once and costed x layers. On 1x8 (both ILPs refined to
-    optimality, unmerged) the scan is never cheaper than its twin, whose plan may differ per layer,
-    and dearer by at most one all-gather of the activation [batch, seq, hidden]: the backward
-    loop carries the activation gradient in one layout, so it is gathered in every iteration,
-    the last one too, where the twin's first layer hands it to the embedding gradient split
-    (1.000-1.022 measured: lax/flax pay a 28673 gather where the twin pays a 1793 all-to-all,
-    less ~5800 of the twin's own per-layer reshards; flax_remat 1.0004). On 2x4 both plans come from the merged ILP (the unmerged ones
-    exceed the refinement's column cap) and the scanned plan may be cheaper (0.918 measured for
-    lax/flax: the twin's merged optimum is 15% above its unmerged one), never dearer by more than
-    that gather (flax_remat 1.019 measured: +16400 of 24577). Both refined (refine_unmerged=True,
-    minutes) the 2x4 scan is dearer as on 1x8: lax 748410 / 733189 = 1.021, flax_remat
-    800893 / 791186 = 1.012, within the same bound. On 1x8 every layer of
-    the twin gets the stacked param's spec (dim 0, the layer dim, never split)."""
+    """The scan's loop body is planned once and costed x layers. The backward loop's last
+    iteration (layer 0's backward) runs peeled (``AutoShardingOption.peel_layer_scans``,
+    ``trace/scan_peel.py``), so it hands the activation gradient to the embedding gradient in its
+    own layout as the twin's layer 0 does, not in the loop's. On 1x8 (both ILPs refined to
+    optimality, unmerged) the objective is within 1% of the twin's: 0.9991 lax, 0.9995 flax,
+    0.9992 flax_remat measured (unpeeled: 1.022, 1.022, 1.0004, the loop all-gathering the
+    gradient in its last iteration too). The scan may be the cheaper: the twin's unmerged solve
+    keeps its repeated-layer ties; untied the twin gets 973576 / 975372 / 1088268 against the
+    scan's 973562 / 974909 / 1088262. On 2x4 both plans come from the merged ILP (the unmerged
+    ones exceed the refinement's column cap), a heuristic: the scan is 0.918 (lax, flax) of the
+    twin, whose merged optimum is ~15% above its unmerged one, and flax_remat 1.019 (its merged
+    plan splits the activations' hidden dim inside the block and gathers it, with or without
+    peeling), so that case is held to 2% here. Refined (refine_unmerged=True, minutes) lax is
+    737021 / 733189 = 1.005 (unpeeled 1.021), flax_remat 800893 / 791186 = 1.012 as unpeeled
+    (peeling the forward loop's ends and the backward loop's first iteration too: 797328, 1.008,
+    but that made the merged lax plan 6% dearer, see ``trace/scan_peel.py``). On 1x8
+    every layer of the twin gets the stacked param's spec (dim 0, the layer dim, never split)."""
     config = _config(kind)
     plans = _plans(config, shape)
     (scan, scan_params), (twin, twin_params) = plans[True], plans[False]
     assert scan.fallbacks == {} and twin.fallbacks == {}
-    mesh = ap.LogicalMesh(shape=shape).to_core()
-    batch_split = [0 if n == max(shape) else -1 for n in shape]  # batch on the larger axis
-    gather = ap._core.reshard_cost(mesh, (config.batch, config.seq, config.hidden), 4.0, batch_split, [-1, -1])
-    assert scan.objective - twin.objective <= gather, (scan.objective, twin.objective, gather)
     ratio = scan.objective / twin.objective
-    assert ratio >= (0.999 if shape == (1, 8) else 0.85), (scan.objective, twin.objective)
+    if shape == (1, 8):
+        assert abs(ratio - 1) <= 0.01, (scan.objective, twin.objective)
+    else:
+        assert 0.85 <= ratio <= (1.02 if kind == "flax_remat" else 1.01), (scan.objective, twin.objective)
     specs, twin_specs = _param_specs(scan, scan_params), _param_specs(twin, twin_params)
     stacked = [p for p in specs if p[0] == "blocks"]
     assert len(stacked) == 13

@@ -2,9 +2,12 @@
 and through ``ap.parallelize`` with the same mesh and options; print both plans' figures as JSON.
 
 Environment: JAX_PLUGINS=alpa_pass, ALPA_PASS_MESH=2x4 and ALPA_PASS_REDUCE_SCATTER=1 (set by
-the test). The step donates its state (params, opt_state) in both runs.
+the test). The step donates its state (params, opt_state) in both runs. PLUGIN_VS_API_SCAN=1: the
+layers are one ``lax.scan`` over stacked params (both paths peel its boundary iterations,
+``trace.scan_peel``); the JSON then also has the API plan's objective with peeling off.
 """
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +17,15 @@ import optax
 import alpa_pass as ap
 import alpa_pass.plugin
 
-LAYERS, HIDDEN, BATCH = 3, 64, 512
+SCAN = os.environ.get("PLUGIN_VS_API_SCAN") == "1"
+LAYERS, HIDDEN, BATCH = 4 if SCAN else 3, 64, 512
 optimizer = optax.adam(1e-3)
 
 
 def loss_fn(params, x, y):
+    if SCAN:
+        x, _ = jax.lax.scan(lambda h, layer: (jnp.tanh(h @ layer["kernel"] + layer["bias"]), None), x, params)
+        return jnp.mean((x - y) ** 2)
     for i, layer in enumerate(params):
         x = x @ layer["kernel"] + layer["bias"]
         if i + 1 < len(params):
@@ -48,6 +55,8 @@ def arguments():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
     y = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
+    if SCAN:
+        params = jax.tree.map(lambda *a: jnp.stack(a), *params)
     return params, optimizer.init(params), x, y
 
 
@@ -61,8 +70,12 @@ def main():
     step = ap.parallelize(train_step, method=method, donate_argnums=(0, 1))
     exe = step.get_executable(*arguments())
     _, _, loss = exe(*arguments())
-    print(json.dumps({"name": name, "plugin": figures(plugin_plan), "api": figures(exe.plan),
-                      "losses": [plugin_loss, float(loss)]}))
+    out = {"name": name, "plugin": figures(plugin_plan), "api": figures(exe.plan), "losses": [plugin_loss, float(loss)]}
+    if SCAN:
+        unpeeled = ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), option=ap.AutoShardingOption(prefer_reduce_scatter=True,
+                                                                                   peel_layer_scans=False))
+        out["api_unpeeled_objective"] = ap.parallelize(train_step, method=unpeeled).plan(*arguments()).objective
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

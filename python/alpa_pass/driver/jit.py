@@ -52,7 +52,7 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         timings = {}
         progress.stage("trace")
         t = time.perf_counter()
-        lowered = lower(fn, args)
+        lowered = lower(fn, args, peel_scans=option.peel_layer_scans)
         timings["trace"] = time.perf_counter() - t
 
         progress.stage("extract")
@@ -100,7 +100,7 @@ def compile_plan(fn, args, plan: Plan, graph, out_tree, option: AutoShardingOpti
     in_sh = tuple(jax.tree.unflatten(treedef, [NamedSharding(jmesh, s) for s in plan.input_specs]))
     out_sh = jax.tree.unflatten(out_tree, [NamedSharding(jmesh, s) for s in plan.output_specs])
     lowered = lower(_with_tree(fn, out_tree), args, donate_argnums=donate_argnums, in_shardings=in_sh,
-                    out_shardings=out_sh)
+                    out_shardings=out_sh, peel_scans=option.peel_layer_scans)
     plan.emit_report = emit_plan(_compat.lowered_module(lowered), graph, plan, option, name=fn_name(fn))
     plan.timings["emit"] = time.perf_counter() - t
 

@@ -27,6 +27,7 @@ from alpa_pass.methods.shard import ShardParallel
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
 from alpa_pass.plugin.report import write_report
+from alpa_pass.trace.scan_peel import peel_layer_scans
 
 log = logging.getLogger("alpa_pass")
 
@@ -48,7 +49,13 @@ class PluginPlanner:
         ``index``: how many computations were planned before (names the report files).
         Returns (plan, in_shardings over all jaxpr inputs, the lowered computation)."""
         closed_jaxpr, _, name, _, _, _, _, donated = args
+        method, meshes = self.method()
+        option = method.planning_option()
         t = time.perf_counter()
+        peeled = peel_layer_scans(closed_jaxpr) if option.peel_layer_scans else None
+        if peeled is not None:  # the same program with its layer stacks peeled, as ap.parallelize lowers it
+            args = (peeled, *args[1:])
+            probe = original(*args[:3], tuple(_compat.unspecified() for _ in args[3]), *args[4:], **kwargs)
         if _compat.const_args(probe):
             raise ExtractError("the lowering hoisted constants into arguments; not supported yet")
         kept = _compat.kept_var_idx(probe)
@@ -57,8 +64,6 @@ class PluginPlanner:
         graph.donated_args = [k for k, i in enumerate(kept) if donated[i]]
         timings = {"extract": time.perf_counter() - t}
         in_avals = [closed_jaxpr.in_avals[i] for i in kept]
-        method, meshes = self.method()
-        option = method.planning_option()
         ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals) if option.tie_outputs_to_inputs else []
         pins = method.pins(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
         request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,

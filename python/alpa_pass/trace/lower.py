@@ -8,28 +8,32 @@ import re
 import jax
 
 from alpa_pass.errors import AlpaPassError, TraceError
+from alpa_pass.trace.scan_peel import eval_closed, peel_layer_scans
 
 
 def fn_name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=()):
+def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(), peel_scans: bool = False):
     """``jax.jit(fn, ...).lower(*args)`` with every argument kept (module args == arg leaves).
 
-    ``args`` may hold arrays or ``jax.ShapeDtypeStruct``s. Raises TraceError naming ``fn`` when JAX
-    cannot trace or lower it.
+    ``args`` may hold arrays or ``jax.ShapeDtypeStruct``s. ``peel_scans``: lower ``fn`` with the
+    last iteration of each layer stack's backward scan run outside its loop (``trace.scan_peel``:
+    the same ops, arguments and outputs). Raises TraceError naming ``fn`` when JAX cannot trace or lower it.
     """
     kwargs = dict(keep_unused=True, donate_argnums=tuple(donate_argnums))
     if in_shardings is not None:
         kwargs["in_shardings"] = in_shardings
     if out_shardings is not None:
         kwargs["out_shardings"] = out_shardings
-    @functools.wraps(fn)  # keeps fn's signature, so jax names arguments after fn's parameters
-    def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
-        return fn(*a)  # and emission edits the module in place
-
     try:
+        body = _peeled(fn, args) if peel_scans else fn
+
+        @functools.wraps(fn)  # keeps fn's signature, so jax names arguments after fn's parameters
+        def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
+            return body(*a)  # and emission edits the module in place
+
         return jax.jit(fresh, **kwargs).lower(*args)
     except AlpaPassError:  # raised by alpa_pass's own step rewrites (num_micro_batches): already typed
         raise
@@ -37,6 +41,34 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=())
         raise TraceError(f"jax could not trace {fn_name(fn)}: {type(e).__name__}: {e}. alpa_pass plans "
                          f"what jax.jit can trace; make {fn_name(fn)} jit-compatible first "
                          f"(check it with jax.jit({fn_name(fn)}).lower(*args))") from e
+
+
+def _peeled(fn, args):
+    """``fn`` computed from its jaxpr with its layer stacks' backward scans peeled (``scan_peel``),
+    or ``fn`` itself when it has none."""
+    trees = []
+
+    def flat(*a):  # (make_jaxpr's return_shape would build ShapeDtypeStructs: jax 0.12 warns on weak types)
+        leaves, tree = jax.tree.flatten(fn(*a))
+        trees.append(tree)
+        return leaves
+
+    peeled = peel_layer_scans(jax.make_jaxpr(flat)(*jax.tree.map(_canonical, args)))
+    if peeled is None:
+        return fn
+
+    def run(*a):
+        return jax.tree.unflatten(trees[0], eval_closed(peeled, *jax.tree.leaves(a)))
+    return run
+
+
+def _canonical(x) -> jax.ShapeDtypeStruct:
+    """``leaf_aval(x)`` with the dtype jax computes in (float64 is float32 without x64): what
+    ``jax.jit`` traces a float64 argument as, silently (``make_jaxpr`` would warn)."""
+    aval = leaf_aval(x)
+    if is_prng_key(aval):
+        return aval
+    return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.canonicalize_dtype(aval.dtype), weak_type=aval.weak_type)
 
 
 def output_ties(args, outputs) -> list[tuple[int, int]]:
