@@ -224,3 +224,10 @@ def eqn_source(eqn):
     from jax._src import source_info_util
 
     return source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack)
+
+
+def traced_jaxpr(traced):
+    """The open jaxpr of a ``jax.stages.Traced`` (``jax.jit(f).trace(*args)``): top-level equations
+    and input variables (the arguments; on jax >= 0.12 hoisted constants come first). jax 0.10
+    holds a ``ClosedJaxpr`` there, jax 0.12 the ``Jaxpr`` itself."""
+    return getattr(traced.jaxpr, "jaxpr", traced.jaxpr)

@@ -7,8 +7,9 @@ import re
 
 import jax
 
+from alpa_pass import _compat
 from alpa_pass.errors import AlpaPassError, TraceError
-from alpa_pass.trace.scan_peel import eval_closed, peel_layer_scans
+from alpa_pass.trace.scan_peel import eval_closed, has_layer_stack, peel_layer_scans
 
 
 def fn_name(fn) -> str:
@@ -28,19 +29,25 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
     if out_shardings is not None:
         kwargs["out_shardings"] = out_shardings
     try:
-        body = _peeled(fn, args) if peel_scans else fn
-
-        @functools.wraps(fn)  # keeps fn's signature, so jax names arguments after fn's parameters
-        def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
-            return body(*a)  # and emission edits the module in place
-
-        return jax.jit(fresh, **kwargs).lower(*args)
+        traced = _trace(fn, fn, args, kwargs)
+        # one trace for every program; a second (and the peeled one) only where a layer stack is
+        if peel_scans and has_layer_stack(_compat.traced_jaxpr(traced)):
+            traced = _trace(fn, _peeled(fn, args), args, kwargs)
+        return traced.lower()
     except AlpaPassError:  # raised by alpa_pass's own step rewrites (num_micro_batches): already typed
         raise
     except (TypeError, ValueError, jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError) as e:
         raise TraceError(f"jax could not trace {fn_name(fn)}: {type(e).__name__}: {e}. alpa_pass plans "
                          f"what jax.jit can trace; make {fn_name(fn)} jit-compatible first "
                          f"(check it with jax.jit({fn_name(fn)}).lower(*args))") from e
+
+
+def _trace(fn, body, args, kwargs):
+    """``jax.jit(fresh, **kwargs).trace(*args)`` where ``fresh`` calls ``body`` under ``fn``'s name."""
+    @functools.wraps(fn)  # keeps fn's signature, so jax names arguments after fn's parameters
+    def fresh(*a):  # a new function object: jax's lowering cache hands back *shared* modules,
+        return body(*a)  # and emission edits the module in place
+    return jax.jit(fresh, **kwargs).trace(*args)
 
 
 def _peeled(fn, args):

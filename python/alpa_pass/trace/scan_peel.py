@@ -57,6 +57,12 @@ def is_layer_stack(eqn, args: set) -> bool:
                for v in xs)
 
 
+def has_layer_stack(jaxpr) -> bool:
+    """Whether the (open) jaxpr ``jaxpr`` has a scan :func:`peel_layer_scans` would peel."""
+    args = set(jaxpr.invars)
+    return any(is_layer_stack(e, args) for e in jaxpr.eqns)
+
+
 def peel_layer_scans(closed: ClosedJaxpr) -> ClosedJaxpr | None:
     """``closed`` with every layer-stack scan (:func:`is_layer_stack`) peeled, or None when it has
     none (nothing to rewrite)."""
