@@ -86,3 +86,14 @@ def test_unknown_method_and_log_level():
 
 def test_config_error_is_an_alpa_pass_error():
     assert issubclass(PluginConfigError, AlpaPassError) and issubclass(PluginConfigError, ValueError)
+
+
+@pytest.mark.parametrize("name,field,default", [("ALPA_PASS_REDUCE_SCATTER", "reduce_scatter", False),
+                                                ("ALPA_PASS_PEEL_SCANS", "peel_scans", True)])
+def test_flags(name, field, default):
+    assert getattr(load_config({}), field) is default
+    assert getattr(load_config({name: ""}), field) is default
+    assert getattr(load_config({name: "1"}), field) is True
+    assert getattr(load_config({name: "0"}), field) is False
+    with pytest.raises(PluginConfigError, match=f"{name}='yes' must be 0 or 1"):
+        load_config({name: "yes"})

@@ -36,6 +36,8 @@ class PluginConfig:
       min_bytes: computations whose arguments + results total fewer bytes run untouched.
       reduce_scatter: ``AutoShardingOption.prefer_reduce_scatter`` (parameter-gradient partial
         sums emitted as reduce-scatters).
+      peel_scans: ``AutoShardingOption.peel_layer_scans`` (a scanned layer stack's backward loop
+        runs its last iteration outside the loop; ``ALPA_PASS_PEEL_SCANS=0`` turns it off).
     """
 
     method: str = "shard"
@@ -46,6 +48,7 @@ class PluginConfig:
     log_level: int | None = None
     min_bytes: int = DEFAULT_MIN_BYTES
     reduce_scatter: bool = False
+    peel_scans: bool = True
 
 
 def plugin_enabled(environ: Mapping[str, str]) -> bool:
@@ -69,9 +72,6 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
     if budget_bytes is not None and budget_bytes <= 0:
         raise PluginConfigError(f"ALPA_PASS_MEMORY_BUDGET={budget!r} must be a positive size")
     min_bytes = _get(environ, "ALPA_PASS_MIN_BYTES")
-    reduce_scatter = _get(environ, "ALPA_PASS_REDUCE_SCATTER") or "0"
-    if reduce_scatter not in ("0", "1"):
-        raise PluginConfigError(f"ALPA_PASS_REDUCE_SCATTER={reduce_scatter!r} must be 0 or 1")
     return PluginConfig(
         method=method,
         mesh_shape=mesh_shape,
@@ -80,7 +80,18 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
         report_dir=_get(environ, "ALPA_PASS_REPORT") or None,
         log_level=parse_log_level(_get(environ, "ALPA_PASS_LOG")),
         min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES,
-        reduce_scatter=reduce_scatter == "1")
+        reduce_scatter=parse_flag(environ, "ALPA_PASS_REDUCE_SCATTER", False),
+        peel_scans=parse_flag(environ, "ALPA_PASS_PEEL_SCANS", True))
+
+
+def parse_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """A 0/1 variable (unset or empty: ``default``); PluginConfigError for anything else."""
+    text = _get(environ, name)
+    if not text:
+        return default
+    if text not in ("0", "1"):
+        raise PluginConfigError(f"{name}={text!r} must be 0 or 1")
+    return text == "1"
 
 
 def parse_mesh(text: str | None) -> tuple[int, ...] | None:

@@ -89,7 +89,8 @@ class PluginPlanner:
         if self._method is None:
             option = AutoShardingOption(memory_budget_per_device=self.config.memory_budget_bytes,
                                         plan_cache_dir=self.config.cache_dir,
-                                        prefer_reduce_scatter=self.config.reduce_scatter)
+                                        prefer_reduce_scatter=self.config.reduce_scatter,
+                                        peel_layer_scans=self.config.peel_scans)
             shape, n = self.config.mesh_shape, len(jax.devices())
             if isinstance(shape, tuple) and math.prod(shape) != n:
                 raise PluginConfigError(
