@@ -11,3 +11,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# Property tests draw the same examples on every run (a suite that passes once passes again, under
+# any load); ALPA_PASS_HYPOTHESIS=explore draws fresh random ones, to hunt for new failures (add
+# each one found as an @example).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False, database=None)
+settings.load_profile(os.environ.get("ALPA_PASS_HYPOTHESIS", "ci"))

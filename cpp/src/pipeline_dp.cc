@@ -14,9 +14,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Lexicographic (max cut, sum of cuts).
-using CutCost = std::pair<double, double>;
-
 }  // namespace
 
 std::vector<int64_t> cluster_layers(const std::vector<double>& flops, const std::vector<double>& cut_bytes,
@@ -33,29 +30,38 @@ std::vector<int64_t> cluster_layers(const std::vector<double>& flops, const std:
   for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + flops[i];
   const double cap = std::max((1.0 + eps) * prefix[n] / static_cast<double>(layers),
                               *std::max_element(flops.begin(), flops.end())) * (1.0 + 1e-12);
-  const CutCost worst{kInf, kInf};
+  // Lexicographic (max cut, sum of cuts) does not decompose over prefixes (a prefix with a larger
+  // max but a smaller sum can win once a later cut sets the max), so solve it in two exact DPs:
+  // the least max cut (min-max decomposes), then the least sum with every cut at most that max.
   // best[l][i]: layers 0..l-1 cover operators [0, i); choice[l][i]: where layer l - 1 starts.
-  std::vector<std::vector<CutCost>> best(layers + 1, std::vector<CutCost>(n + 1, worst));
+  std::vector<std::vector<double>> best(layers + 1, std::vector<double>(n + 1));
   std::vector<std::vector<int64_t>> choice(layers + 1, std::vector<int64_t>(n + 1, -1));
-  best[0][0] = {0.0, 0.0};
-  for (int64_t l = 1; l <= layers; ++l) {
-    for (int64_t i = l; i <= n - (layers - l); ++i) {
-      for (int64_t j = i - 1; j >= l - 1; --j) {
-        if (prefix[i] - prefix[j] > cap) break;
-        if (best[l - 1][j].first == kInf) continue;
-        const double cut = j > 0 ? cut_bytes[j - 1] : 0.0;
-        const CutCost c{std::max(best[l - 1][j].first, cut), best[l - 1][j].second + cut};
-        if (c < best[l][i]) {
-          best[l][i] = c;
-          choice[l][i] = j;
+  auto solve = [&](bool sum_phase, double max_cut) {
+    for (auto& row : best) std::fill(row.begin(), row.end(), kInf);
+    best[0][0] = 0.0;
+    for (int64_t l = 1; l <= layers; ++l) {
+      for (int64_t i = l; i <= n - (layers - l); ++i) {
+        for (int64_t j = i - 1; j >= l - 1; --j) {
+          if (prefix[i] - prefix[j] > cap) break;
+          if (best[l - 1][j] == kInf) continue;
+          const double cut = j > 0 ? cut_bytes[j - 1] : 0.0;
+          if (sum_phase && cut > max_cut) continue;
+          const double c = sum_phase ? best[l - 1][j] + cut : std::max(best[l - 1][j], cut);
+          if (c < best[l][i]) {
+            best[l][i] = c;
+            choice[l][i] = j;
+          }
         }
       }
     }
-  }
-  if (best[layers][n].first == kInf) {
+    return best[layers][n];
+  };
+  const double max_cut = solve(false, kInf);
+  if (max_cut == kInf) {
     throw std::invalid_argument("cluster_layers: no cut into " + std::to_string(layers) +
                                 " layers keeps every layer under the FLOP cap; raise eps or use fewer layers");
   }
+  solve(true, max_cut);
   std::vector<int64_t> starts(layers - 1);
   for (int64_t l = layers, i = n; l > 1; --l) {
     i = choice[l][i];
