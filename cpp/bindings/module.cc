@@ -444,11 +444,12 @@ void bind_repeat(nb::module_& m) {
     const size_t n = h.size();
     return to_numpy(std::move(h), {n});
   }, "graph"_a, "rounds"_a, "One WL hash per node after `rounds` refinement rounds (repeat.h).");
-  m.def("find_repeats", [](const Graph& g, int region_rounds, int class_rounds, int stride) {
+  m.def("find_repeats", [](const Graph& g, int region_rounds, int class_rounds, int stride, bool anchor) {
     RepeatOptions o;
     o.region_rounds = region_rounds;
     o.class_rounds = class_rounds;
     o.stride = stride;
+    o.anchor = anchor;
     RepeatClasses rc = find_repeats(g, o);
     std::vector<std::tuple<int64_t, int64_t, int64_t>> regions;
     for (const RepeatRegion& r : rc.regions) regions.emplace_back(r.start, r.stop, r.period);
@@ -456,6 +457,7 @@ void bind_repeat(nb::module_& m) {
     return std::make_tuple(to_numpy(std::move(rc.node_class), {n}), regions);
   }, "graph"_a, "region_rounds"_a = RepeatOptions{}.region_rounds,
      "class_rounds"_a = RepeatOptions{}.class_rounds, "stride"_a = RepeatOptions{}.stride,
+     "anchor"_a = RepeatOptions{}.anchor,
      "(node_class int64[N] (-1: none), [(start, stop, period)]) of the graph's tandem repeats.");
 }
 

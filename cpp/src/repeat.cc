@@ -4,10 +4,12 @@
 #include "alpa/repeat.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 namespace alpa {
@@ -161,6 +163,109 @@ int64_t find_root(std::vector<int64_t>& parent, int64_t x) {
   return x;
 }
 
+// Anchoring (repeat.h, step 2), on any partition `rc` of the nodes (find_repeats passes the
+// positions): keeps the members of a part that are linked to a part of dots / convolutions through
+// a neighbour of the same kind (operand slot t, or a user reading them at slot t) in one standing
+// part, and so on outwards; members no such link covers leave the part (a boundary copy whose
+// neighbour is not repeated, say), and parts left with fewer than two members dissolve. A worklist
+// over parts: a part is (re)checked when a part next to one of its members starts to stand.
+void anchor_classes(const Graph& g, RepeatClasses& rc) {
+  const int64_t n = g.num_nodes();
+  std::vector<int64_t>& cls = rc.node_class;
+  std::vector<std::vector<int64_t>> members(rc.num_classes);
+  for (int64_t v = 0; v < n; ++v) {
+    if (cls[v] >= 0) members[cls[v]].push_back(v);
+  }
+  const Users us = build_users(g);
+  std::vector<char> stands(rc.num_classes, 0), weak(rc.num_classes, 0);
+  std::vector<int64_t> work;
+  for (int64_t c = 0; c < rc.num_classes; ++c) {
+    const int64_t v = members[c][0];
+    const OpKind k = g.op_kind(v);
+    // Unused values (a loop's pass-through results, a reduction nobody reads) stand too: free in
+    // any layout. They anchor only the constants they read (operands without operands), not the
+    // loop carries behind a while's unused results.
+    const bool unused = us.offsets[v + 1] == us.offsets[v] && k != OpKind::kOutput;
+    if (k == OpKind::kDot || k == OpKind::kConvolution || unused) {
+      stands[c] = 1;
+      weak[c] = unused;
+      work.push_back(c);
+    }
+  }
+  // The members of c linked one way to one standing class (the most such members; ties: the
+  // smallest (direction, slot, class)); empty when no link covers two members.
+  using Key = std::tuple<int, int64_t, int64_t>;  // (0 operand / 1 user, slot, class)
+  std::map<Key, std::vector<int64_t>> by_key;
+  std::vector<Key> keys;
+  auto linked = [&](int64_t c) {
+    by_key.clear();
+    const bool leaf = g.operands(members[c][0]).empty();  // a constant may hang on an unused value
+    auto standing = [&](int64_t v) { return cls[v] >= 0 && stands[cls[v]] && (leaf || !weak[cls[v]]); };
+    for (int64_t v : members[c]) {
+      keys.clear();
+      const auto ops = g.operands(v);
+      for (size_t t = 0; t < ops.size(); ++t) {
+        if (standing(ops[t])) keys.emplace_back(0, static_cast<int64_t>(t), cls[ops[t]]);
+      }
+      for (int64_t i = us.offsets[v]; i < us.offsets[v + 1]; ++i) {
+        if (standing(us.user[i])) keys.emplace_back(1, us.slot[i], cls[us.user[i]]);
+      }
+      std::sort(keys.begin(), keys.end());
+      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+      for (const Key& k : keys) by_key[k].push_back(v);
+    }
+    const std::vector<int64_t>* best = nullptr;
+    for (const auto& [k, vs] : by_key) {
+      if (best == nullptr || vs.size() > best->size()) best = &vs;
+    }
+    return best != nullptr && best->size() >= 2 ? *best : std::vector<int64_t>{};
+  };
+  auto check = [&](int64_t c) {
+    if (c < 0 || stands[c] || members[c].size() < 2) return;
+    std::vector<int64_t> keep = linked(c);
+    if (keep.empty()) return;
+    if (keep.size() == members[c].size()) {
+      stands[c] = 1;
+      work.push_back(c);
+      return;
+    }
+    const int64_t fresh = static_cast<int64_t>(members.size());  // the linked members split off
+    std::vector<int64_t> rest;
+    std::set_difference(members[c].begin(), members[c].end(), keep.begin(), keep.end(), std::back_inserter(rest));
+    for (int64_t v : keep) cls[v] = fresh;
+    members[c] = std::move(rest);
+    members.push_back(std::move(keep));
+    stands.push_back(1);
+    weak.push_back(0);
+    work.push_back(fresh);
+  };
+  while (!work.empty()) {
+    const int64_t d = work.back();
+    work.pop_back();
+    const std::vector<int64_t> ms = members[d];
+    for (int64_t v : ms) {
+      for (int64_t u : g.operands(v)) {
+        if (!weak[d] || g.operands(u).empty()) check(cls[u]);
+      }
+      for (int64_t i = us.offsets[v]; i < us.offsets[v + 1]; ++i) check(cls[us.user[i]]);
+    }
+  }
+  // Renumber the standing classes of two or more by first node; the rest are no class.
+  std::vector<int64_t> renum(members.size(), -1);
+  int64_t next = 0;
+  for (int64_t v = 0; v < n; ++v) {
+    const int64_t c = cls[v];
+    if (c < 0) continue;
+    if (!stands[c] || members[c].size() < 2) {
+      cls[v] = -1;
+      continue;
+    }
+    if (renum[c] < 0) renum[c] = next++;
+    cls[v] = renum[c];
+  }
+  rc.num_classes = next;
+}
+
 }  // namespace
 
 std::vector<uint64_t> structural_hashes(const Graph& g, int rounds) {
@@ -208,6 +313,31 @@ RepeatClasses find_repeats(const Graph& g, const RepeatOptions& options) {
     if (count[k] >= 2) rc.node_class[v] = id.try_emplace(k, static_cast<int64_t>(id.size())).first->second;
   }
   rc.num_classes = static_cast<int64_t>(id.size());
+  if (options.anchor) {
+    // Anchor the positions (nodes repeating one first-copy node, whatever their fine hash: a
+    // boundary layer's dot still stands for its position), then keep each class's members whose
+    // position stands, split by the standing part of the position they are in.
+    RepeatClasses pos;
+    std::unordered_map<int64_t, int64_t> copies;
+    for (int64_t v = 0; v < n; ++v) ++copies[rep[v]];
+    std::unordered_map<int64_t, int64_t> pid;
+    pos.node_class.assign(n, -1);
+    for (int64_t v = 0; v < n; ++v) {
+      if (copies[rep[v]] >= 2) pos.node_class[v] = pid.try_emplace(rep[v], static_cast<int64_t>(pid.size())).first->second;
+    }
+    pos.num_classes = static_cast<int64_t>(pid.size());
+    anchor_classes(g, pos);
+    std::map<std::pair<int64_t, int64_t>, int64_t> kept_count, kept_id;
+    for (int64_t v = 0; v < n; ++v) {
+      if (rc.node_class[v] >= 0 && pos.node_class[v] >= 0) ++kept_count[{rc.node_class[v], pos.node_class[v]}];
+    }
+    for (int64_t v = 0; v < n; ++v) {
+      const std::pair<int64_t, int64_t> k{rc.node_class[v], pos.node_class[v]};
+      rc.node_class[v] = k.first >= 0 && k.second >= 0 && kept_count[k] >= 2
+                             ? kept_id.try_emplace(k, static_cast<int64_t>(kept_id.size())).first->second : -1;
+    }
+    rc.num_classes = static_cast<int64_t>(kept_id.size());
+  }
   return rc;
 }
 

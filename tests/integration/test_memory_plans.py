@@ -2,6 +2,8 @@
 against XLA's memory_analysis(), infeasible budgets, and the replicated -> sharded trade-off."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 
@@ -145,14 +147,15 @@ def test_infeasible_budget_names_the_smallest_feasible_one(gpt_free):
         _parallel(step, (1, 8), int(smallest * 0.97)).plan(state, batch)
 
 
-def test_infeasible_budget_is_decided_by_the_lower_bound_not_the_untied_solve(gpt_free, monkeypatch):
+def test_infeasible_budget_is_decided_by_the_lower_bound_not_the_untied_solve(monkeypatch):
     """A budget below every tied plan's peak: the untied ILP is never solved under the budget
     (on LLaMA-8B it ran into the time limit: SolverError); the LP relaxation of its least-memory
     problem proves no plan fits, so the error is deterministic. It names the smallest budget (a
     plan reaching it exists), the bound, and the levers."""
     from alpa_pass.driver import planning
 
-    step, state, batch, free = gpt_free
+    step, state, batch = _step_and_args(gpt, dataclasses.replace(GPT, layers=3))  # layers 0 and 2 tied
+    free = _parallel(step, (1, 8)).plan(state, batch)
     assert free.ilp_size["groups_untied"] > free.ilp_size["groups"], "no repeated layers tied: weak test"
     budgeted_solves = []
     real = planning.solve_within_budget

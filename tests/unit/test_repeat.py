@@ -73,6 +73,30 @@ def test_stack_is_one_region_with_one_class_per_op_and_layer_position():
     assert fine[layers[0][1]] != fine[layers[2][1]]
 
 
+def test_same_shaped_neighbours_without_tied_compute_are_not_a_class():
+    """Three [h, h] parameters in a row (a scanned stack's wq, wo, wv) repeat in the hash sequence,
+    and stride 2 would tie the first to the third; their dots are no repeat (the second reads its
+    weight transposed, the third's result feeds a different op), so anchoring (``repeat.h``)
+    drops that class: without it the ILP had to give wo the layout of wv (a scanned GPT on 2x4
+    paid 1.9% for it). Each parameter of a real stack reaches its tied dot, and stays tied."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [32, 64], F32, attrs=[0])
+    wa, wb, wc = (b.add(OpKind.PARAMETER, [64, 64], F32, attrs=[i + 1]) for i in range(3))
+    da = b.add(OpKind.DOT, [32, 64], F32, [x, wa], [0, 1, 1, 0])
+    db = b.add(OpKind.DOT, [32, 64], F32, [da, wb], [0, 1, 1, 1])
+    dc = b.add(OpKind.DOT, [32, 64], F32, [db, wc], [0, 1, 1, 0])
+    r = b.add(OpKind.REDUCE, [32], F32, [dc], [1])
+    b.add(OpKind.OUTPUT, [32], F32, [r], [0])
+    g = built_graph(b)
+    loose, _ = _core.find_repeats(g, 0, 0, anchor=False)
+    assert loose[wa] == loose[wc] >= 0 and loose[wb] < 0
+    anchored, _ = _core.find_repeats(g, 0, 0)
+    assert (np.asarray(anchored) == -1).all()
+    stacked, layers = stack(6)
+    node_class, _ = _core.find_repeats(stacked, 0, 0, stride=1)
+    assert len({int(node_class[w]) for w, _, _ in layers}) == 1 and node_class[layers[0][0]] >= 0
+
+
 def test_no_repeats_without_two_full_copies():
     g, _ = stack(1)
     node_class, regions = _core.find_repeats(g)
@@ -113,7 +137,7 @@ def _gpt_graph(layers: int):
 
 @pytest.fixture(scope="module")
 def gpt_graphs():
-    return {layers: _gpt_graph(layers) for layers in (4, 8)}
+    return {layers: _gpt_graph(layers) for layers in (4, 6, 8)}
 
 
 def test_gpt_block_parameters_and_optimizer_state_fall_into_one_class_per_leaf_and_parity(gpt_graphs):
@@ -152,5 +176,8 @@ def test_gpt_tied_ilp_does_not_grow_with_the_layer_count(gpt_graphs):
         assert prob.ilp.num_groups == prob.repeat_stats["groups_after"]
         assert prob.repeat_stats["classes_skipped"] == 0
     assert stats[8]["groups_before"] > 1.8 * stats[4]["groups_before"]
-    assert stats[8]["groups_after"] == stats[4]["groups_after"]  # one layer's worth, whatever L
+    # One layer's worth whatever L, once the boundary layers (whose nodes near the embedding or the
+    # head are left out of their classes) are apart from the interior ones: 568 groups from L = 6.
+    assert stats[8]["groups_after"] == stats[6]["groups_after"]
+    assert stats[4]["groups_after"] <= stats[8]["groups_after"] <= 1.1 * stats[4]["groups_after"]
     assert stats[8]["groups_after"] < stats[8]["groups_before"] / 3  # two layers' worth of 8

@@ -19,6 +19,15 @@
 //    is the node it repeats, through all levels; a class is the set (of two or more) of nodes with
 //    one representative that also agree on a finer hash (more WL rounds), so a boundary layer's
 //    node whose neighbourhood differs (it reads the embedding, say) stays out of its class.
+//    Classes are then anchored to repeated compute (`anchor`): a position (the nodes repeating one
+//    first-copy node, whatever their finer hash) of dots / convolutions stands; a position of other
+//    nodes stands for those of its members with a neighbour of the same kind (their operand at slot
+//    t, or a user reading them at slot t) in one standing position, and so on outwards; unused
+//    values stand and anchor only the constants they read. A class keeps its members that lie in
+//    one standing part of their position. A layer's norms, parameters and optimizer updates reach
+//    its dots that way; same-shaped values that only sit side by side do not (a scanned stack's
+//    [L, h, h] weights wq, wk, wv, wo in a row, their loop carries and Adam updates: stride 2 tied
+//    wo to wv, whose dots read them differently, and the plan paid for it every iteration).
 // 3. Ties: the ILP groups of each class's leader nodes (NodeStrategies::follow < 0) are merged
 //    into one group when all members have identical strategy lists (same out and operand specs,
 //    in order); followers come along with their leaders. Parallel edges between merged groups are
@@ -40,6 +49,7 @@ struct RepeatOptions {
   int max_periods = 256;    // candidate periods tried (most frequent gaps first)
   int nesting = 2;          // levels of repeats searched inside a repeat's first copies
   int stride = 2;           // copy k is tied to copy k mod stride (2: alternating layers allowed)
+  bool anchor = true;       // keep only the members of classes anchored to repeated dots (above)
 };
 
 // A tandem repeat: nodes [start, stop), period `period`, at least two full copies.
