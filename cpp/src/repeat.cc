@@ -177,14 +177,21 @@ void anchor_classes(const Graph& g, RepeatClasses& rc) {
     if (cls[v] >= 0) members[cls[v]].push_back(v);
   }
   const Users us = build_users(g);
+  // Values computed from constants alone (a constant, its broadcast): operand ids precede users.
+  std::vector<char> constant(n, 0);
+  for (int64_t v = 0; v < n; ++v) {
+    const auto ops = g.operands(v);
+    constant[v] = g.op_kind(v) != OpKind::kParameter &&
+                  std::all_of(ops.begin(), ops.end(), [&](int64_t u) { return constant[u] != 0; });
+  }
   std::vector<char> stands(rc.num_classes, 0), weak(rc.num_classes, 0);
   std::vector<int64_t> work;
   for (int64_t c = 0; c < rc.num_classes; ++c) {
     const int64_t v = members[c][0];
     const OpKind k = g.op_kind(v);
-    // Unused values (a loop's pass-through results, a reduction nobody reads) stand too: free in
-    // any layout. They anchor only the constants they read (operands without operands), not the
-    // loop carries behind a while's unused results.
+    // Unused values (a loop's pass-through results, a reduction or select nobody reads) stand
+    // too: free in any layout. They anchor only the constants they read (values computed from
+    // constants alone), not the loop carries behind a while's unused results.
     const bool unused = us.offsets[v + 1] == us.offsets[v] && k != OpKind::kOutput;
     if (k == OpKind::kDot || k == OpKind::kConvolution || unused) {
       stands[c] = 1;
@@ -199,7 +206,7 @@ void anchor_classes(const Graph& g, RepeatClasses& rc) {
   std::vector<Key> keys;
   auto linked = [&](int64_t c) {
     by_key.clear();
-    const bool leaf = g.operands(members[c][0]).empty();  // a constant may hang on an unused value
+    const bool leaf = constant[members[c][0]] != 0;  // a constant may hang on an unused value
     auto standing = [&](int64_t v) { return cls[v] >= 0 && stands[cls[v]] && (leaf || !weak[cls[v]]); };
     for (int64_t v : members[c]) {
       keys.clear();
@@ -220,24 +227,28 @@ void anchor_classes(const Graph& g, RepeatClasses& rc) {
     }
     return best != nullptr && best->size() >= 2 ? *best : std::vector<int64_t>{};
   };
+  // Splits off linked members until none are left (the rest may link to another standing part,
+  // e.g. layers 4 and 6 to one part and 0 and 2 to another).
   auto check = [&](int64_t c) {
-    if (c < 0 || stands[c] || members[c].size() < 2) return;
-    std::vector<int64_t> keep = linked(c);
-    if (keep.empty()) return;
-    if (keep.size() == members[c].size()) {
-      stands[c] = 1;
-      work.push_back(c);
-      return;
+    while (c >= 0 && !stands[c] && members[c].size() >= 2) {
+      std::vector<int64_t> keep = linked(c);
+      if (keep.empty()) return;
+      if (keep.size() == members[c].size()) {
+        stands[c] = 1;
+        work.push_back(c);
+        return;
+      }
+      const int64_t fresh = static_cast<int64_t>(members.size());  // the linked members split off
+      std::vector<int64_t> rest;
+      std::set_difference(members[c].begin(), members[c].end(), keep.begin(), keep.end(),
+                          std::back_inserter(rest));
+      for (int64_t v : keep) cls[v] = fresh;
+      members[c] = std::move(rest);
+      members.push_back(std::move(keep));
+      stands.push_back(1);
+      weak.push_back(0);
+      work.push_back(fresh);
     }
-    const int64_t fresh = static_cast<int64_t>(members.size());  // the linked members split off
-    std::vector<int64_t> rest;
-    std::set_difference(members[c].begin(), members[c].end(), keep.begin(), keep.end(), std::back_inserter(rest));
-    for (int64_t v : keep) cls[v] = fresh;
-    members[c] = std::move(rest);
-    members.push_back(std::move(keep));
-    stands.push_back(1);
-    weak.push_back(0);
-    work.push_back(fresh);
   };
   while (!work.empty()) {
     const int64_t d = work.back();
@@ -245,7 +256,7 @@ void anchor_classes(const Graph& g, RepeatClasses& rc) {
     const std::vector<int64_t> ms = members[d];
     for (int64_t v : ms) {
       for (int64_t u : g.operands(v)) {
-        if (!weak[d] || g.operands(u).empty()) check(cls[u]);
+        if (!weak[d] || constant[u]) check(cls[u]);
       }
       for (int64_t i = us.offsets[v]; i < us.offsets[v + 1]; ++i) check(cls[us.user[i]]);
     }
