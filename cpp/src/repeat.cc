@@ -334,18 +334,22 @@ RepeatClasses find_repeats(const Graph& g, const RepeatOptions& options) {
     std::unordered_map<int64_t, int64_t> pid;
     pos.node_class.assign(n, -1);
     for (int64_t v = 0; v < n; ++v) {
-      if (copies[rep[v]] >= 2) pos.node_class[v] = pid.try_emplace(rep[v], static_cast<int64_t>(pid.size())).first->second;
+      if (copies[rep[v]] < 2) continue;
+      pos.node_class[v] = pid.try_emplace(rep[v], static_cast<int64_t>(pid.size())).first->second;
     }
     pos.num_classes = static_cast<int64_t>(pid.size());
     anchor_classes(g, pos);
     std::map<std::pair<int64_t, int64_t>, int64_t> kept_count, kept_id;
     for (int64_t v = 0; v < n; ++v) {
-      if (rc.node_class[v] >= 0 && pos.node_class[v] >= 0) ++kept_count[{rc.node_class[v], pos.node_class[v]}];
+      if (rc.node_class[v] >= 0 && pos.node_class[v] >= 0) {
+        ++kept_count[{rc.node_class[v], pos.node_class[v]}];
+      }
     }
     for (int64_t v = 0; v < n; ++v) {
       const std::pair<int64_t, int64_t> k{rc.node_class[v], pos.node_class[v]};
-      rc.node_class[v] = k.first >= 0 && k.second >= 0 && kept_count[k] >= 2
-                             ? kept_id.try_emplace(k, static_cast<int64_t>(kept_id.size())).first->second : -1;
+      const bool kept = k.first >= 0 && k.second >= 0 && kept_count[k] >= 2;
+      const int64_t fresh = static_cast<int64_t>(kept_id.size());
+      rc.node_class[v] = kept ? kept_id.try_emplace(k, fresh).first->second : -1;
     }
     rc.num_classes = static_cast<int64_t>(kept_id.size());
   }
