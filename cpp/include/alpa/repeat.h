@@ -23,7 +23,7 @@
 //    first-copy node, whatever their finer hash) of dots / convolutions stands; a position of other
 //    nodes stands for those of its members with a neighbour of the same kind (their operand at slot
 //    t, or a user reading them at slot t) in one standing position, and so on outwards; unused
-//    values stand and anchor only the constants they read. A class keeps its members that lie in
+//    values stand and anchor only what they read that is computed from constants alone. A class keeps its members that lie in
 //    one standing part of their position. A layer's norms, parameters and optimizer updates reach
 //    its dots that way; same-shaped values that only sit side by side do not (a scanned stack's
 //    [L, h, h] weights wq, wk, wv, wo in a row, their loop carries and Adam updates: stride 2 tied
