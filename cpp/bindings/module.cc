@@ -198,10 +198,20 @@ void bind_mesh_spec(nb::module_& m) {
       .def_ro("beta", &Mesh::beta)
       .def_prop_ro("ndim", &Mesh::ndim)
       .def_prop_ro("num_devices", &Mesh::num_devices)
-      .def("all_reduce", &Mesh::all_reduce, "bytes"_a, "axis"_a)
-      .def("all_gather", &Mesh::all_gather, "bytes"_a, "axis"_a)
-      .def("reduce_scatter", &Mesh::reduce_scatter, "bytes"_a, "axis"_a)
-      .def("all_to_all", &Mesh::all_to_all, "bytes"_a, "axis"_a)
+      .def("all_reduce", nb::overload_cast<double, int>(&Mesh::all_reduce, nb::const_), "bytes"_a, "axis"_a)
+      .def("all_gather", nb::overload_cast<double, int>(&Mesh::all_gather, nb::const_), "bytes"_a, "axis"_a)
+      .def("reduce_scatter", nb::overload_cast<double, int>(&Mesh::reduce_scatter, nb::const_), "bytes"_a,
+           "axis"_a)
+      .def("all_to_all", nb::overload_cast<double, int>(&Mesh::all_to_all, nb::const_), "bytes"_a, "axis"_a)
+      .def("all_reduce", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_reduce(b, axes); },
+           "bytes"_a, "axes"_a, "One all-reduce over the flattened group of several axes.")
+      .def("all_gather", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_gather(b, axes); },
+           "bytes"_a, "axes"_a)
+      .def("reduce_scatter",
+           [](const Mesh& m, double b, std::vector<int> axes) { return m.reduce_scatter(b, axes); }, "bytes"_a,
+           "axes"_a)
+      .def("all_to_all", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_to_all(b, axes); },
+           "bytes"_a, "axes"_a)
       .def("__repr__", [](const Mesh& mesh) {
         std::string s = "Mesh(shape=[";
         for (int a = 0; a < mesh.ndim(); ++a) s += (a ? ", " : "") + std::to_string(mesh.shape[a]);

@@ -2,6 +2,7 @@
 // (formulas from DESIGN.md, without Alpa's small per-collective penalty constants).
 #include "alpa/mesh.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -54,33 +55,60 @@ int64_t axis_size(const Mesh& mesh, int axis) {
   return mesh.shape[axis];
 }
 
-// alpha + beta * factor * bytes, or 0 on an axis of one device.
-double collective(const Mesh& mesh, int axis, double bytes, double factor) {
-  int64_t n = axis_size(mesh, axis);
-  if (n <= 1) return 0.0;
-  return mesh.alpha[axis] + mesh.beta[axis] * factor * bytes;
+// n, alpha and beta of the flattened group of `axes` (n = 1 when every axis has one device).
+struct Group {
+  double n = 1.0, alpha = 0.0, beta = 0.0;
+};
+
+Group flattened(const Mesh& mesh, std::span<const int> axes) {
+  Group g;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t n = axis_size(mesh, axes[i]);
+    for (size_t j = 0; j < i; ++j) {
+      if (axes[j] == axes[i]) {
+        throw std::invalid_argument("mesh axis " + std::to_string(axes[i]) +
+                                    " given twice for one collective");
+      }
+    }
+    if (n <= 1) continue;
+    g.n *= static_cast<double>(n);
+    g.alpha = std::max(g.alpha, mesh.alpha[axes[i]]);
+    g.beta = std::max(g.beta, mesh.beta[axes[i]]);
+  }
+  return g;
+}
+
+double group_collective(const Group& g, double bytes, double factor) {
+  return g.n <= 1.0 ? 0.0 : g.alpha + g.beta * factor * bytes;
 }
 
 }  // namespace
 
-double Mesh::all_reduce(double bytes, int axis) const {
-  double n = static_cast<double>(axis_size(*this, axis));
-  return collective(*this, axis, bytes, 2.0 * (n - 1.0) / n);
+double Mesh::all_reduce(double bytes, std::span<const int> axes) const {
+  const Group g = flattened(*this, axes);
+  return group_collective(g, bytes, 2.0 * (g.n - 1.0) / g.n);
 }
 
-double Mesh::all_gather(double bytes, int axis) const {
-  double n = static_cast<double>(axis_size(*this, axis));
-  return collective(*this, axis, bytes, (n - 1.0) / n);
+double Mesh::all_gather(double bytes, std::span<const int> axes) const {
+  const Group g = flattened(*this, axes);
+  return group_collective(g, bytes, (g.n - 1.0) / g.n);
 }
 
+double Mesh::reduce_scatter(double bytes, std::span<const int> axes) const {
+  const Group g = flattened(*this, axes);
+  return group_collective(g, bytes, (g.n - 1.0) / g.n);
+}
+
+double Mesh::all_to_all(double bytes, std::span<const int> axes) const {
+  const Group g = flattened(*this, axes);
+  return group_collective(g, bytes, (g.n - 1.0) / (g.n * g.n) * (g.n / 2.0));
+}
+
+double Mesh::all_reduce(double bytes, int axis) const { return all_reduce(bytes, {&axis, 1}); }
+double Mesh::all_gather(double bytes, int axis) const { return all_gather(bytes, {&axis, 1}); }
 double Mesh::reduce_scatter(double bytes, int axis) const {
-  double n = static_cast<double>(axis_size(*this, axis));
-  return collective(*this, axis, bytes, (n - 1.0) / n);
+  return reduce_scatter(bytes, {&axis, 1});
 }
-
-double Mesh::all_to_all(double bytes, int axis) const {
-  double n = static_cast<double>(axis_size(*this, axis));
-  return collective(*this, axis, bytes, (n - 1.0) / (n * n) * (n / 2.0));
-}
+double Mesh::all_to_all(double bytes, int axis) const { return all_to_all(bytes, {&axis, 1}); }
 
 }  // namespace alpa

@@ -4,7 +4,7 @@ alpa_pass C++ core: meshes, specs, strategies, the sharding ILP (docs/core_api.m
 
 from collections.abc import Sequence
 import enum
-from typing import Annotated
+from typing import Annotated, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -30,13 +30,30 @@ class Mesh:
     @property
     def num_devices(self) -> int: ...
 
+    @overload
     def all_reduce(self, bytes: float, axis: int) -> float: ...
 
+    @overload
+    def all_reduce(self, bytes: float, axes: Sequence[int]) -> float:
+        """One all-reduce over the flattened group of several axes."""
+
+    @overload
     def all_gather(self, bytes: float, axis: int) -> float: ...
 
+    @overload
+    def all_gather(self, bytes: float, axes: Sequence[int]) -> float: ...
+
+    @overload
     def reduce_scatter(self, bytes: float, axis: int) -> float: ...
 
+    @overload
+    def reduce_scatter(self, bytes: float, axes: Sequence[int]) -> float: ...
+
+    @overload
     def all_to_all(self, bytes: float, axis: int) -> float: ...
+
+    @overload
+    def all_to_all(self, bytes: float, axes: Sequence[int]) -> float: ...
 
     def __repr__(self) -> str: ...
 

@@ -74,7 +74,9 @@ def main():
     if SCAN:
         unpeeled = ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), option=ap.AutoShardingOption(prefer_reduce_scatter=True,
                                                                                    peel_layer_scans=False))
-        out["api_unpeeled_objective"] = ap.parallelize(train_step, method=unpeeled).plan(*arguments()).objective
+        unpeeled_plan = ap.parallelize(train_step, method=unpeeled).plan(*arguments())
+        out["api_unpeeled_objective"] = unpeeled_plan.objective
+        out["api_unpeeled_columns"] = unpeeled_plan.ilp_size["columns"]
     print(json.dumps(out))
 
 

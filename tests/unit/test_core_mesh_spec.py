@@ -34,6 +34,29 @@ def test_collective_formulas(mesh):
     assert mesh.all_to_all(b, 1) == pytest.approx(2 + 0.1 * (3 / 16) * b * 2)  # 39.5
 
 
+def test_collectives_over_several_axes_are_one_flattened_collective(mesh):
+    """XLA emits a collective over two axes as one collective over their devices: n = 8, the
+    larger alpha (2) and beta (0.5). Not the sum of one full-size collective per axis."""
+    b = 1000.0
+    assert mesh.all_reduce(b, [0, 1]) == pytest.approx(2 + 0.5 * 2 * (7 / 8) * b)
+    assert mesh.all_reduce(b, [1, 0]) == mesh.all_reduce(b, [0, 1])
+    assert mesh.all_gather(b, [0, 1]) == pytest.approx(2 + 0.5 * (7 / 8) * b)
+    assert mesh.reduce_scatter(b, [0, 1]) == mesh.all_gather(b, [0, 1])
+    assert mesh.all_to_all(b, [0, 1]) == pytest.approx(2 + 0.5 * (7 / 64) * b * 4)
+    for axis in (0, 1):  # one axis: the single-axis formula
+        assert mesh.all_reduce(b, [axis]) == mesh.all_reduce(b, axis)
+        assert mesh.all_to_all(b, [axis]) == mesh.all_to_all(b, axis)
+    square = _core.Mesh(shape=[8, 8], alpha=[0.0, 0.0], beta=[1.0, 1.0])
+    assert square.all_reduce(b, [0, 1]) == pytest.approx(2 * (63 / 64) * b)  # not 2 x 2 (7/8) b
+    assert mesh.all_reduce(b, []) == 0.0
+    one = _core.Mesh(shape=[1, 4], alpha=[5.0, 1.0], beta=[5.0, 0.1])
+    assert one.all_reduce(b, [0, 1]) == one.all_reduce(b, 1)  # an axis of one device adds nothing
+    with pytest.raises(ValueError, match="axis 0 given twice"):
+        mesh.all_reduce(b, [0, 0])
+    with pytest.raises(ValueError, match="axis 2 out of range"):
+        mesh.all_gather(b, [0, 2])
+
+
 def test_axis_of_one_device_is_free():
     m = _core.Mesh(shape=[1, 8], alpha=[5.0, 1.0], beta=[5.0, 1.0])
     for fn in (m.all_reduce, m.all_gather, m.reduce_scatter, m.all_to_all):
@@ -144,8 +167,10 @@ def test_reshard_split_to_replicated_is_all_gather(mesh):
     full = 8 * 8 * 4.0
     assert _core.reshard_cost(mesh, [8, 8], 4, [0, -1], [-1, -1]) == pytest.approx(
         mesh.all_gather(full, 0))
+    # Both axes gathered: one all-gather over all 8 devices, at the slower alpha and beta.
     assert _core.reshard_cost(mesh, [8, 8], 4, [0, 1], [-1, -1]) == pytest.approx(
-        mesh.all_gather(full, 0) + mesh.all_gather(full, 1))
+        mesh.all_gather(full, [0, 1]))
+    assert mesh.all_gather(full, [0, 1]) == pytest.approx(2 + 0.5 * (7 / 8) * full)
     # S01R -> RS1 (dst keeps axis 1 on dim 0): gather over axis 0 of the bytes per device in dst.
     assert _core.reshard_cost(mesh, [8, 8], 4, [0, 0], [-1, 0]) == pytest.approx(
         mesh.all_gather(full / 4, 0))

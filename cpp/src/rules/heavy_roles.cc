@@ -30,12 +30,11 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles
       !spec_in_two_blocks(rhs, ctx.mesh) || !spec_in_two_blocks(out, ctx.mesh)) {  // >= 3-axis heuristic
     return false;
   }
-  s.comm = 0.0;
+  std::vector<int> partial;  // reduced by one all-reduce over all of them
   for (size_t k = 0; k < axes.size(); ++k) {
-    if (choice[k] > 0 && roles[choice[k] - 1].partial) {
-      s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, out), axes[k]);
-    }
+    if (choice[k] > 0 && roles[choice[k] - 1].partial) partial.push_back(axes[k]);
   }
+  s.comm = ctx.mesh.all_reduce(bytes_per_device(ctx, v, out), partial);
   s.compute = compute_cost(ctx, node_flops(g, v), devices);
   s.name = strategy_name(op, labels);
   s.out = std::move(out);

@@ -69,11 +69,11 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<ScatterOption>& 
       !spec_fits(update, g.shape(ops[2]), ctx.mesh)) {
     return false;
   }
+  std::vector<int> partial;  // reduced by one all-reduce over all of them
   for (size_t k = 0; k < axes.size(); ++k) {
-    if (choice[k] > 0 && options[choice[k] - 1].partial) {
-      s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, input), axes[k]);
-    }
+    if (choice[k] > 0 && options[choice[k] - 1].partial) partial.push_back(axes[k]);
   }
+  s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, input), partial);
   s.compute = compute_cost(ctx, g.numel(ops[2]), num_shards(update, ctx.mesh));
   s.name = strategy_name("scatter", labels);
   s.out = input;
