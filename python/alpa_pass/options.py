@@ -199,16 +199,15 @@ class AutoShardingOption:
     def solve_options(self) -> SolveOptions:
         """HiGHS options of a solve under these options.
 
-        The main solve is not reduced (``eliminate_chains=False``; the unmerged refinement is): the
-        exact reduction keeps the optimum's cost but picks another of several equal-cost plans, and
-        some of those compile to collective-permutes the cost model does not price (a dim read
-        as ``(x, y)`` from a producer split on ``y`` alone, under the plan's one x-major axis order:
-        test GPT 2x4 1 permute, benchmark GPT small 2x4 2). Turn it on once such reshards are costed
-        (issue 16)."""
+        Every unbudgeted solve, the main one and the unmerged refinement, solves the exact reduction
+        of its ILP (``eliminate_chains``, ``solve/eliminate.py``): the same optimum, plans expanded
+        back. (It was off for main solves while collectives over several mesh axes were charged as
+        one per axis: among the then equal-cost plans it picked some that compiled to
+        collective-permutes; test_plan_fidelity checks there are none.)"""
         return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
                             log_to_console=self.solver_log, objective_bound=self.solver_objective_bound,
-                            eliminate_chains=False)
+                            eliminate_chains=True)
 
     def planning_fields(self) -> dict:
         """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``

@@ -32,9 +32,9 @@ def test_default_solves_have_no_wall_clock_limit():
     assert solve.time_limit_s is None and solve.node_limit == option.solver_node_limit == 10_000
     assert solve.threads == 1 and solve.seed == 0
     assert SolveOptions().time_limit_s is None and SolveOptions().node_limit is None
-    assert not solve.eliminate_chains  # the main solve is unreduced (AutoShardingOption.solve_options)
+    assert solve.eliminate_chains  # the main solve is reduced exactly (AutoShardingOption.solve_options)
     assert ap.AutoShardingOption(solver_time_limit_s=5.0, solver_node_limit=None).solve_options() == \
-        SolveOptions(time_limit_s=5.0, node_limit=None, eliminate_chains=False)
+        SolveOptions(time_limit_s=5.0, node_limit=None, eliminate_chains=True)
 
 
 def test_node_limited_solve_is_deterministic_and_says_so():
