@@ -191,32 +191,30 @@ nb::dict tie_stats_dict(const TieStats& st) {
 }
 
 void bind_mesh_spec(nb::module_& m) {
-  nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.")
-      .def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a)
+  auto cls = nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.");
+  cls.def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a)
       .def_ro("shape", &Mesh::shape)
       .def_ro("alpha", &Mesh::alpha)
       .def_ro("beta", &Mesh::beta)
       .def_prop_ro("ndim", &Mesh::ndim)
       .def_prop_ro("num_devices", &Mesh::num_devices)
-      .def("all_reduce", nb::overload_cast<double, int>(&Mesh::all_reduce, nb::const_), "bytes"_a, "axis"_a)
-      .def("all_gather", nb::overload_cast<double, int>(&Mesh::all_gather, nb::const_), "bytes"_a, "axis"_a)
-      .def("reduce_scatter", nb::overload_cast<double, int>(&Mesh::reduce_scatter, nb::const_), "bytes"_a,
-           "axis"_a)
-      .def("all_to_all", nb::overload_cast<double, int>(&Mesh::all_to_all, nb::const_), "bytes"_a, "axis"_a)
-      .def("all_reduce", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_reduce(b, axes); },
-           "bytes"_a, "axes"_a, "One all-reduce over the flattened group of several axes.")
-      .def("all_gather", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_gather(b, axes); },
-           "bytes"_a, "axes"_a)
-      .def("reduce_scatter",
-           [](const Mesh& m, double b, std::vector<int> axes) { return m.reduce_scatter(b, axes); }, "bytes"_a,
-           "axes"_a)
-      .def("all_to_all", [](const Mesh& m, double b, std::vector<int> axes) { return m.all_to_all(b, axes); },
-           "bytes"_a, "axes"_a)
       .def("__repr__", [](const Mesh& mesh) {
         std::string s = "Mesh(shape=[";
         for (int a = 0; a < mesh.ndim(); ++a) s += (a ? ", " : "") + std::to_string(mesh.shape[a]);
         return s + "])";
       });
+  using One = double (Mesh::*)(double, int) const;
+  using Many = double (Mesh::*)(double, std::span<const int>) const;
+  const std::tuple<const char*, One, Many> collectives[] = {
+      {"all_reduce", &Mesh::all_reduce, &Mesh::all_reduce},
+      {"all_gather", &Mesh::all_gather, &Mesh::all_gather},
+      {"reduce_scatter", &Mesh::reduce_scatter, &Mesh::reduce_scatter},
+      {"all_to_all", &Mesh::all_to_all, &Mesh::all_to_all}};
+  for (const auto& [name, one, many] : collectives) {  // one axis, or several as one collective
+    cls.def(name, one, "bytes"_a, "axis"_a);
+    cls.def(name, [many](const Mesh& mm, double b, std::vector<int> axes) { return (mm.*many)(b, axes); },
+            "bytes"_a, "axes"_a);
+  }
   m.def("enumerate_specs", [](std::vector<int64_t> shape, const Mesh& mesh) {
     return enumerate_specs(shape, mesh);
   }, "shape"_a, "mesh"_a, "Every spec of `shape` on `mesh` whose splits divide the dims.");

@@ -30,12 +30,13 @@ class Mesh:
     @property
     def num_devices(self) -> int: ...
 
+    def __repr__(self) -> str: ...
+
     @overload
     def all_reduce(self, bytes: float, axis: int) -> float: ...
 
     @overload
-    def all_reduce(self, bytes: float, axes: Sequence[int]) -> float:
-        """One all-reduce over the flattened group of several axes."""
+    def all_reduce(self, bytes: float, axes: Sequence[int]) -> float: ...
 
     @overload
     def all_gather(self, bytes: float, axis: int) -> float: ...
@@ -54,8 +55,6 @@ class Mesh:
 
     @overload
     def all_to_all(self, bytes: float, axes: Sequence[int]) -> float: ...
-
-    def __repr__(self) -> str: ...
 
 def enumerate_specs(shape: Sequence[int], mesh: Mesh) -> list[list[int]]:
     """Every spec of `shape` on `mesh` whose splits divide the dims."""
