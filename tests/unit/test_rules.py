@@ -399,6 +399,29 @@ def test_scatter_embedding_gradient():
     assert bsplit.comm == pytest.approx(MESH14.all_reduce(64 * 32 * F32, 1))
 
 
+def test_scatter_splits_batching_dims_without_communication():
+    """The gradient of take_along_axis over the last dim: updates [B=8, S=16, 1] scattered into
+    [B, S, V=32] at indices [B, S, 1, 1], B and S batching dims of both. Each device scatters its
+    own rows (no all-reduce); before, only the replicated strategy had no all-reduce, and GPT
+    1.3B on 8x8 held its [64, 1024, 51200] logits gradient whole on every device."""
+    b = GraphBuilder()
+    zeros = param(b, [8, 16, 32])
+    ids = b.add(OpKind.PARAMETER, [8, 16, 1, 1], 4, attrs=[1])
+    upd = param(b, [8, 16, 1], 2)
+    # index_vector_dim=3, update_window_dims=[], inserted=[2], scatter_dims_to_operand=[2],
+    # input_batching=[0, 1], scatter_indices_batching=[0, 1]
+    attrs = [3, 0, 1, 2, 1, 2, 2, 0, 1, 2, 0, 1]
+    s = b.add(OpKind.SCATTER, [8, 16, 32], F32, [zeros, ids, upd], attrs)
+    names = {t.name: t for t in strategies(b, s, MESH14).strategies}
+    assert set(names) == {"scatter R", "scatter bat0@y", "scatter bat1@y"}  # dim 2 (size 1) cannot split
+    for dim in (0, 1):
+        t = names[f"scatter bat{dim}@y"]
+        split = [-1, dim]
+        assert t.out == split and t.ins == [split, split, split] and t.comm == 0
+    both = {t.name: t for t in strategies(b, s, MESH24).strategies}["scatter bat0@x bat1@y"]
+    assert both.out == [0, 1] and both.comm == 0
+
+
 # --- node_flops ----------------------------------------------------------------------------------
 
 def test_node_flops():

@@ -5,8 +5,13 @@
 //  (b) split an update scatter dim (and the matching indices dim) with the input and the result
 //      replicated on the axis: each device scatters its share, the partial results are
 //      all-reduced over the axis;
+//  (c) split a batching dim (input_batching_dims[i] with scatter_indices_batching_dims[i] and its
+//      update scatter dim): input, indices, update and result split alike, no communication;
 //  or nothing. The embedding gradient (scatter-add of [B,S,H] into [V,H]) thus gets "split H"
-//  and "split B + all-reduce".
+//  and "split B + all-reduce"; the gradient of take_along_axis over the vocabulary (scatter of
+//  [B,S,1] into [B,S,V] with B and S batching dims) gets B and S split like the logits (before
+//  (c) it could only be replicated: GPT 1.3B on 8x8 held its [64,1024,51200] f32, 12.8 GB, whole
+//  on every device).
 #include <stdexcept>
 
 #include "rules.h"
@@ -43,6 +48,14 @@ std::vector<ScatterOption> scatter_options(const Graph& g, int64_t v) {
     if (index_of(window, ud) >= 0) continue;
     if (id == index_vector_dim) ++id;
     checked_dim(g.shape(ops[1]), id, "scatter indices");
+    const int64_t b = index_of(a.scatter_indices_batching_dims, id);
+    if (b >= 0 && b < static_cast<int64_t>(input_batching.size()) &&
+        input[input_batching[b]] == update[ud]) {
+      // (c) a batching dim: each device scatters its batch rows into its own rows of the input.
+      options.push_back({static_cast<int32_t>(input_batching[b]), static_cast<int32_t>(ud),
+                         static_cast<int32_t>(id++), false, "bat" + std::to_string(ud)});
+      continue;
+    }
     options.push_back({-1, static_cast<int32_t>(ud), static_cast<int32_t>(id++), true,
                        "upd" + std::to_string(ud)});
   }
