@@ -595,7 +595,7 @@ def stage_dp(cost: Annotated[NDArray[numpy.float64], dict(order='C', device='cpu
 def structural_hashes(graph: Graph, rounds: int) -> NDArray[numpy.uint64]:
     """One WL hash per node after `rounds` refinement rounds (repeat.h)."""
 
-def find_repeats(graph: Graph, region_rounds: int = 0, class_rounds: int = 2, stride: int = 2, anchor: bool = True) -> tuple[NDArray[numpy.int64], list[tuple[int, int, int]]]:
+def find_repeats(graph: Graph, region_rounds: int = 0, class_rounds: int = 6, stride: int = 2, anchor: bool = True) -> tuple[NDArray[numpy.int64], list[tuple[int, int, int]]]:
     """
     (node_class int64[N] (-1: none), [(start, stop, period)]) of the graph's tandem repeats.
     """

@@ -104,8 +104,10 @@ def test_gpt_auto_search_records_a_finite_objective_for_2x2x2():
     cube = search[4]
     assert cube.get("error") is None and math.isfinite(cube["objective"]) and cube["mip_gap"] >= 0
     assert plan.objective == min(e["objective"] for e in search)
-    # 2x2x2 (optimum 184,156 on its own) cannot beat 2x4 (150,521): its solve is cut off once that
-    # is proven; the incumbent is an upper bound and objective * (1 - gap) the proven lower bound.
-    assert cube["cut_off"] and cube["objective"] >= plan.objective
-    assert cube["objective"] * (1 - cube["mip_gap"]) >= plan.objective * (1 - 1e-3)
-    assert "2x2x2 " in plan.summary() and "(cut off)" in plan.summary()
+    # 2x2x2 plans at 147,974, below 2x4's 148,226, so its solve is not cut off by 2x4's bound and
+    # the search keeps it. (While a residual add followed the residual stream, ``pick_leader``,
+    # 2x2x2's optimum was 184,156 against 2x4's 150,521 and its solve was cut off; the cut-off path
+    # is covered by test_plan_json's and this file's caching tests.)
+    assert not cube["cut_off"] and cube["mip_gap"] <= 1e-4
+    assert plan.mesh.shape == (2, 2, 2) and cube["objective"] == plan.objective < search[1]["objective"]
+    assert "2x2x2 147974 (chosen)" in plan.summary(), plan.summary()

@@ -16,13 +16,18 @@ from zoo import default_optimizer, gpt, init_state, train_step_for
 BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch=16)
 
 # Measured after the fix (before: test GPT 2x4 had 1 rematerialisation warning; the benchmark
-# GPT small on 2x4 had 1 warning and 10 collective-permutes, 4.16 MiB/device on the wire, now 3.44).
+# GPT small on 2x4 had 1 warning and 10 collective-permutes, 4.16 MiB/device on the wire, now 3.27).
+# The last field: whether some compiled collective comes from an inserted use-site constraint (a
+# planned resharding at a dot / gather / scatter operand). Since residual adds follow the branch
+# they add (``pick_leader``), the 2x4 plans compile to more, smaller collectives (gpt-2x4: 35, was
+# 17; wire bytes per device 152647, was 152262; bench-small 3433223, was 3604486), and the 1x8
+# plan to data parallelism's gradient all-reduce plus 3 small all-gathers, none from a constraint.
 CASES = [
-    pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce": 12, "all-gather": 5, "all-to-all": 2},
+    pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce": 9, "all-gather": 19, "all-to-all": 7}, True,
                  id="gpt-2x4", marks=pytest.mark.slow),
-    pytest.param(gpt.Config(layers=2), (1, 8), {"all-reduce": 1, "all-gather": 3, "all-to-all": 1},
+    pytest.param(gpt.Config(layers=2), (1, 8), {"all-reduce": 1, "all-gather": 3, "all-to-all": 0}, False,
                  id="gpt-1x8"),
-    pytest.param(BENCH_SMALL, (2, 4), {"all-reduce": 10, "all-gather": 17, "all-to-all": 8},
+    pytest.param(BENCH_SMALL, (2, 4), {"all-reduce": 9, "all-gather": 19, "all-to-all": 7}, True,
                  id="bench-small-2x4", marks=pytest.mark.slow),
 ]
 
@@ -38,8 +43,8 @@ def _compile(config, shape):
     return plan, compiled.as_text(), log[0]
 
 
-@pytest.mark.parametrize("config,shape,at_most", CASES)
-def test_compiled_collectives_match_plan(config, shape, at_most):
+@pytest.mark.parametrize("config,shape,at_most,attributed", CASES)
+def test_compiled_collectives_match_plan(config, shape, at_most, attributed):
     plan, hlo, log = _compile(config, shape)
     assert remat_warnings(log) == []
     found = list_collectives(hlo)
@@ -58,7 +63,7 @@ def test_compiled_collectives_match_plan(config, shape, at_most):
         if c.from_constraint:
             assert 0 <= c.node < len(plan.node_specs)
             assert c.operand is None or c.operand < len(plan.operand_specs[c.node])
-    assert any(c.from_constraint for c in found)
+    assert any(c.from_constraint for c in found) == attributed
 
 
 def test_slice_first_stages_slice_before_gather():
