@@ -31,7 +31,7 @@ bool parameter_rooted(const RuleContext& ctx, int64_t u) {
 //   operand the residual stream (and its gradient) of every layer is one group, one layout for all
 //   layers, and the unrolled GPT on 2x4 was 8% above this rule (119299 vs 110338), its scanned twin
 //   (one body, so no cross-layer chain) 9% cheaper than it; GPT 1.3B on 8x8 compiled to 10687 MiB
-//   of collectives per device, 9855 with this rule (data parallelism: 10666);
+//   of collectives per device, 9827 with this rule (data parallelism: 10666);
 // - Adam's `(1 - b1) * g + b1 * mu` follows the gradient, not the moment read from the state (the
 //   state is resharded into the gradient's layout where they differ): following the moment put the
 //   tied 4-layer MLP on 2x4 9% above this rule (11096 vs 10157). The first-operand rule is the
