@@ -8,11 +8,12 @@
 #include "alpa/memory.h"
 
 #include <algorithm>
-#include <map>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
-#include <tuple>
+#include <unordered_map>
 
 #include "alpa/op_attrs.h"
 
@@ -152,11 +153,15 @@ struct RowBuilder {
   std::vector<int64_t> group_start;  // scratch offset of each group
   std::vector<double> coeff;
   std::vector<int64_t> touched;      // groups with entries in the current row
+  std::vector<char> in_row;          // per group: in `touched`
 
   void add(int64_t v) {
     const auto& list = nodes[v].list;
     const int64_t g = node_group[v];
-    if (std::find(touched.begin(), touched.end(), g) == touched.end()) touched.push_back(g);
+    if (!in_row[g]) {
+      in_row[g] = 1;
+      touched.push_back(g);
+    }
     for (size_t k = 0; k < list.size(); ++k) coeff[group_start[g] + k] += list[k].memory;
   }
 
@@ -170,6 +175,7 @@ struct RowBuilder {
         if (c != 0.0) row.entries.push_back({g, k, c});
         c = 0.0;
       }
+      in_row[g] = 0;
     }
     row.upper = budget;
     row.name = "memory at node " + std::to_string(point);
@@ -187,16 +193,36 @@ std::vector<int64_t> group_offsets(const std::vector<NodeStrategies>& nodes,
   return start;
 }
 
-using RowKey = std::vector<std::tuple<int64_t, int64_t, double>>;
+// A hash of a row's entries: identical rows are found by hash, then compared entry by entry.
+uint64_t row_hash(const IlpLinearRow& row) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ULL; };
+  for (const IlpRowEntry& e : row.entries) {
+    mix(static_cast<uint64_t>(e.group));
+    mix(static_cast<uint64_t>(e.strategy));
+    uint64_t bits;
+    std::memcpy(&bits, &e.coeff, sizeof bits);
+    mix(bits);
+  }
+  return h;
+}
+
+bool same_entries(const IlpLinearRow& a, const IlpLinearRow& b) {
+  return a.entries.size() == b.entries.size() &&
+         std::equal(a.entries.begin(), a.entries.end(), b.entries.begin(), [](const IlpRowEntry& x, const IlpRowEntry& y) {
+           return x.group == y.group && x.strategy == y.strategy && x.coeff == y.coeff;
+         });
+}
 
 }  // namespace
 
 std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
                                       const std::vector<int64_t>& node_group, double budget) {
-  RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}};
+  RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}, {}};
   b.coeff.assign(b.group_start.back(), 0.0);
+  b.in_row.assign(b.group_start.size() - 1, 0);
   std::vector<IlpLinearRow> rows;
-  std::map<RowKey, size_t> seen;  // identical rows are merged
+  std::unordered_multimap<uint64_t, size_t> seen;  // identical rows are merged (the first kept)
   std::vector<size_t> active;
   size_t next = 0;
   for (int64_t t : m.points) {
@@ -204,9 +230,12 @@ std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<No
     std::erase_if(active, [&](size_t i) { return m.end[i] < t; });
     for (size_t i : active) b.add(m.node[i]);
     IlpLinearRow row = b.take(budget, t);
-    RowKey key;
-    for (const IlpRowEntry& e : row.entries) key.emplace_back(e.group, e.strategy, e.coeff);
-    if (seen.emplace(std::move(key), rows.size()).second) rows.push_back(std::move(row));
+    const uint64_t h = row_hash(row);
+    const auto [lo, hi] = seen.equal_range(h);
+    if (std::none_of(lo, hi, [&](const auto& kv) { return same_entries(rows[kv.second], row); })) {
+      seen.emplace(h, rows.size());
+      rows.push_back(std::move(row));
+    }
   }
   return rows;
 }

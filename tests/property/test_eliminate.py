@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,9 +19,10 @@ TOL = dict(rel=1e-9, abs=1e-9)
 
 
 def _keep(*groups):
-    """A linear row naming strategy 0 of ``groups`` that every plan meets: they are kept."""
+    """A two-sided linear row naming strategy 0 of ``groups`` that every plan meets: they are kept
+    whole (not eliminated, no strategy pruned: only one-sided rows allow pruning)."""
     return [(np.array(groups, dtype=np.int64), np.zeros(len(groups), dtype=np.int64), np.ones(len(groups)),
-             -np.inf, float(len(groups)))]
+             -1.0, float(len(groups)))]
 
 
 def _random_ilp(seed: int):
@@ -47,7 +49,22 @@ def _random_ilp(seed: int):
         g = int(rng.choice(np.flatnonzero(sizes > 1)))
         rows.append((np.array([g], dtype=np.int64), np.array([sizes[g] - 1], dtype=np.int64),
                      np.array([1.0]), -np.inf, 0.0))  # forbid g's last strategy by a row
+    for _ in range(int(rng.integers(0, 4)) if rng.random() < 0.5 else 0):
+        rows.append(_memory_row(rng, sizes))
     return _core.build_ilp(groups, edges, equalities, rows)
+
+
+def _memory_row(rng, sizes):
+    """A budget row like the planner's memory rows: bytes per strategy of some groups <= a budget
+    between the least and the largest sum (tight, so it decides plans)."""
+    named = np.flatnonzero(rng.random(sizes.size) < 0.6)
+    g = np.repeat(named, sizes[named])
+    k = np.concatenate([np.arange(sizes[x]) for x in named]) if named.size else np.zeros(0, dtype=np.int64)
+    coeff = rng.integers(0, 8, g.size).astype(np.float64)
+    least = sum(coeff[g == x].min() for x in named)
+    most = sum(coeff[g == x].max() for x in named)
+    budget = float(least + rng.random() * (most - least))
+    return (g.astype(np.int64), k.astype(np.int64), coeff, -np.inf, budget)
 
 
 @settings(max_examples=150, deadline=None)
@@ -156,3 +173,46 @@ def test_equal_rows_share_edge_columns():
     got = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
     assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)
     assert not _core.evaluate_columns(ilp, got.x).violations
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_dropped_rows_reduced_equal_full(seed):
+    """``drop_rows`` (the memory rows a row-generation round leaves out) with the exact reduction:
+    the optimum of the full ILP without those rows, and a plan feasible in it."""
+    ilp = _random_ilp(seed)
+    start, n = int(ilp.linear_row_start), int(ilp.num_rows)
+    if n == start:
+        return
+    drop = np.arange(start, n)[np.random.default_rng(seed).random(n - start) < 0.5]
+    try:
+        full = solve_ilp(ilp, EXACT, drop_rows=drop)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True), drop_rows=drop)
+        return
+    reduced = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True), drop_rows=drop)
+    assert reduced.objective == pytest.approx(full.objective, **TOL)
+    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                shape=(n, int(ilp.num_cols)))
+    activity = a @ reduced.x
+    kept = np.setdiff1d(np.arange(n), drop)
+    assert (activity[kept] <= np.asarray(ilp.row_upper)[kept] + 1e-9).all()
+    assert (activity[kept] >= np.asarray(ilp.row_lower)[kept] - 1e-9).all()
+
+
+def test_memory_row_prunes_only_no_larger_strategies():
+    """A group named by a budget row loses a strategy only to one that is no costlier AND no larger
+    in the row: strategy 1 (cost 1, 5 bytes) is dominated by strategy 0 (cost 0, 4 bytes); strategy
+    2 (cost 0, 9 bytes) is as cheap as 0 but larger (and not its edge costs); strategy 3 (cost 2,
+    1 byte) is costlier but smaller: both stay, and under a 3-byte budget the plan is strategy 3.
+    (Group 1 is kept whole, so the edge is not folded into group 0's costs.)"""
+    groups = [np.array([0.0, 1.0, 0.0, 2.0]), np.array([0.0, 1.0])]
+    edge = np.array([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [2.0, 0.0]])
+    row = (np.array([0, 0, 0, 0]), np.arange(4), np.array([4.0, 5.0, 9.0, 1.0]), -np.inf, 3.0)
+    ilp = _core.build_ilp(groups, [(0, 1, edge)], [], [row] + _keep(1))
+    red = eliminate.reduce(ilp)
+    assert [e for e in red.pruned if e[0] == 0] == [(0, 1, 0)]
+    got = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    assert got.assignment[0] == 3
+    assert got.objective == pytest.approx(solve_ilp(ilp, EXACT).objective, **TOL)

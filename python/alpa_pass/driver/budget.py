@@ -26,10 +26,12 @@ LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split th
 
 
 # Rounds of memory-row generation after the free solve (round 0) before the budgeted ILP is solved
-# with every undominated row. 0: on the LLaMA-8B-shaped step (8x8, 40 GiB, a loaded 2-core host)
-# round 1 with the 414 rows the free plan broke ran into a 600 s time limit, longer than the full
-# solve, so only the free solve is tried (what a budget the free plan meets needs).
-MAX_ROW_ROUNDS = 0
+# with every undominated row (a count, not a time: the plan does not depend on the machine). On the
+# LLaMA-8B-shaped step (8x8, 40 GiB, bench_budget.py) the free plan breaks 10 of 3275 rows and
+# round 1 with them is the budgeted optimum: 6.8 s, against 54 s for the solve with all 1860
+# undominated rows (the same plan). (With an older leader rule, the free plan broke 414 rows and
+# round 1 ran past 600 s; this was 0 then.)
+MAX_ROW_ROUNDS = 3
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
@@ -130,23 +132,29 @@ def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarra
     a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
                                 shape=(int(ilp.num_rows), int(ilp.num_cols)))
     m = a[start:, :].tocsr()
+    m.sum_duplicates()
     upper = np.asarray(ilp.row_upper)[start:]
     n = m.shape[0]
     dropped = np.zeros(n, dtype=bool)
     for k in range(1, min(window, n - 1) + 1):
-        d = (m[k:] - m[:-k]).tocsr()  # row i: m[i + k] - m[i]
-        d.sum_duplicates()
-        neg = d.copy()
-        neg.data = (neg.data < -tol).astype(np.int8)
-        pos = d.copy()
-        pos.data = (pos.data > tol).astype(np.int8)
-        no_neg = np.asarray(neg.sum(axis=1)).ravel() == 0  # m[i] <= m[i + k]
-        no_pos = np.asarray(pos.sum(axis=1)).ravel() == 0  # m[i + k] <= m[i]
+        d = (_row_range(m, k, n) - _row_range(m, 0, n - k)).tocsr()  # row i: m[i + k] - m[i]
+        row_of = np.repeat(np.arange(n - k), np.diff(d.indptr))
+        no_neg = np.ones(n - k, dtype=bool)  # m[i] <= m[i + k]
+        no_neg[row_of[d.data < -tol]] = False
+        no_pos = np.ones(n - k, dtype=bool)  # m[i + k] <= m[i]
+        no_pos[row_of[d.data > tol]] = False
         same_bound = upper[k:] == upper[:-k]
         equal = no_neg & no_pos
         dropped[:-k] |= same_bound & no_neg  # m[i] below m[i + k] (equal: the lower index goes)
         dropped[k:] |= same_bound & no_pos & ~equal
     return np.flatnonzero(dropped) + start
+
+
+def _row_range(m: scipy.sparse.csr_matrix, lo: int, hi: int) -> scipy.sparse.csr_matrix:
+    """Rows lo..hi-1 of ``m`` sharing its arrays (scipy's row slicing copies and scans them all)."""
+    ptr = m.indptr[lo:hi + 1]
+    return scipy.sparse.csr_matrix((m.data[ptr[0]:ptr[-1]], m.indices[ptr[0]:ptr[-1]], ptr - ptr[0]),
+                                   shape=(hi - lo, m.shape[1]))
 
 
 def infeasible_error(where: str, budget: float, smallest: float, lower: float | None = None,

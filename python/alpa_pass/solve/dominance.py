@@ -6,7 +6,9 @@ matrix ``adj[a][b]``) and keep its optimum:
 - A strategy ``k`` of a free group (no equality or linear row names it) is *dominated* by ``k'``
   when its own cost and every cost it has on every incident edge is >= ``k'``'s (the row of ``k``
   is componentwise >= the row of ``k'``; equal rows: the higher index is the dominated one). In any
-  plan, switching the group from ``k`` to ``k'`` costs nothing more, so ``k`` can be dropped. The
+  plan, switching the group from ``k`` to ``k'`` costs nothing more, so ``k`` can be dropped. A
+  group that one-sided linear rows name (memory rows: live bytes <= budget) is compared on its
+  coefficients in them too: switching then also keeps every such row satisfied. The
   2x2x2 "two-block" specs make many such strategies (specs whose costs on every neighbour equal
   another spec's).
 - An edge whose matrix is ``R[i, j] = x[i] + y[j]`` (e.g. all zero) is two per-group costs, not a
@@ -23,20 +25,26 @@ import numpy as np
 _ADDITIVE_TOL = 1e-9  # relative to the matrix's largest cost: float sums of the same terms
 
 
-def prune(adj, unary, sizes, pinned, alive, events) -> bool:
+def prune(adj, unary, sizes, pinned, alive, events, bounds=None) -> bool:
     """One pass: fold additive edges, then drop dominated strategies of free groups (in group
-    order). Mutates the model; ``alive[g]``: the full indices of group g's remaining strategies;
-    ``events`` gains (group, pruned full index, dominator full index). True if anything changed."""
+    order) and of the pinned groups in ``bounds`` ({group: matrix, a row per remaining strategy}:
+    its coefficients in the one-sided rows that pin it, compared like costs). Mutates the model;
+    ``alive[g]``: the full indices of group g's remaining strategies; ``events`` gains (group,
+    pruned full index, dominator full index). True if anything changed."""
+    bounds = {} if bounds is None else bounds
     changed = _fold_additive(adj, unary)
     for g in range(len(unary)):
-        if pinned[g] or sizes[g] <= 1:
+        if (pinned[g] and g not in bounds) or sizes[g] <= 1:
             continue
-        keep, dominator = _undominated(_rows(adj, unary, g))
+        rows = _rows(adj, unary, g)
+        keep, dominator = _undominated(rows if g not in bounds else np.concatenate([rows, bounds[g]], axis=1))
         if keep.all():
             continue
         for k in np.flatnonzero(~keep):
             events.append((g, int(alive[g][k]), int(alive[g][dominator[k]])))
         _restrict(adj, unary, g, keep)
+        if g in bounds:
+            bounds[g] = bounds[g][keep]
         alive[g] = alive[g][keep]
         sizes[g] = int(keep.sum())
         changed = True

@@ -22,6 +22,13 @@ same integer plans and the same LP relaxation (a fractional plan splits proporti
 chains of the unmerged problem (elementwise ops between two others) are degree-2 groups: on the
 3-layer test MLP's refinement ILP (2x4) elimination alone leaves 56 of 243 groups and 4845 of
 11039 edge columns.
+
+Memory rows (one-sided linear rows, ``driver.budget``) stay rows: the groups they name are never
+eliminated, but may lose dominated strategies when the dominator is also no larger in every such
+row. They are kept as one sparse matrix (millions of nonzeros on an 8B-parameter model), rewritten
+through the ties' column map. On the LLaMA-8B-shaped step at 40 GiB (bench_budget.py) the solve
+with every undominated memory row went 74 -> 21 s (unreduced and unscaled -> reduced, rows
+scaled by solve.highs; the same optimum).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
+import scipy.sparse
 
 from alpa_pass.solve import dominance, ties
 
@@ -101,15 +109,26 @@ def reduce(problem) -> Reduced | None:
     forbidden = np.zeros(G, dtype=bool)
     forbidden[group_of_col[upper[:num_s] < 0.5]] = True  # a forbidden strategy: keep it a bound
     other = s_nz & ~marginal[a_index]
+    row_lower, row_upper = np.asarray(problem.row_lower), np.asarray(problem.row_upper)
+    # rows that may be ties (equalities to 0) go through ties.substitutions one by one; the others
+    # (memory rows: up to millions of nonzeros) stay a sparse matrix, rewritten by its column map
+    tie_like = (row_lower == 0.0) & (row_upper == 0.0)
+    tie_nz, lin_nz = other & tie_like[a_index], other & ~tie_like[a_index]
     other_rows: dict = {}
-    for c, r, val in zip(col_of[other], a_index[other], a_value[other]):
+    for c, r, val in zip(col_of[tie_nz], a_index[tie_nz], a_value[tie_nz]):
         g = int(group_of_col[c])
         other_rows.setdefault(int(r), []).append((g, int(c - gs[g]), float(val)))
-    subs, rows_left = ties.substitutions(other_rows, np.asarray(problem.row_lower), np.asarray(problem.row_upper),
-                                         group_of_col, gs, forbidden)
+    subs, rows_left, column_map = ties.substitutions(other_rows, row_lower, row_upper, group_of_col, gs, forbidden)
+    lin_rows = np.unique(a_index[lin_nz])
+    lin = scipy.sparse.csr_matrix((a_value[lin_nz], (np.searchsorted(lin_rows, a_index[lin_nz]), col_of[lin_nz])),
+                                  shape=(lin_rows.size, num_s)) @ column_map
+    lin = scipy.sparse.csr_matrix(lin)
+    lin.eliminate_zeros()
     pinned = forbidden.copy()
     pinned[[g for e in rows_left.values() for g, _, _ in e]] = True
     pinned[[g for g, _, _ in subs]] = True
+    pinned[group_of_col[np.unique(lin.indices)]] = True
+    bounds = _one_sided_bounds(lin, row_lower[lin_rows], row_upper[lin_rows], rows_left, forbidden, group_of_col, gs)
     # edge columns: rows (r1 < r2) -> (u, i), (v, j)
     e_nz = np.flatnonzero(is_e)
     rows = a_index[e_nz].reshape(-1, 2)
@@ -129,18 +148,47 @@ def reduce(problem) -> Reduced | None:
     full_sizes = sizes.copy()
     alive = [np.arange(s) for s in sizes]
     # alternate: pruning lowers degrees and sizes, elimination folds edges that may then be additive
-    while dominance.prune(adj, unary, sizes, pinned, alive, pruned) | _eliminate(
+    while dominance.prune(adj, unary, sizes, pinned, alive, pruned, bounds) | _eliminate(
             adj, unary, sizes, pinned, alive, full_sizes, eliminated):
         pass
     gone = np.zeros(G, dtype=bool)
     gone[[g for g, _, _ in eliminated]] = True
     kept = np.flatnonzero(~gone)
     offset = float(problem.offset) + sum(float(t) for g, n, t in eliminated if not n)
-    model = _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left)
+    model = _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows)
     if not eliminated and not pruned and model.num_cols == num_cols:
         return None
     return Reduced(model=model, kept=kept, eliminated=eliminated, edge_cols=(u, i, v, j), num_groups=G,
                    alive=[alive[g] for g in kept], pruned=pruned)
+
+
+def _one_sided_bounds(lin, lower, upper, rows_left, forbidden, group_of_col, gs) -> dict:
+    """{group: matrix} for the groups that only one-sided linear rows (memory rows: live bytes <=
+    budget) pin (``lin``: those rows over the s columns, ``lower``/``upper`` their bounds): one
+    column per such row naming the group, each strategy's coefficient (negated for a ``>=`` row),
+    so that ``dominance.prune`` drops a strategy only for one that is no worse in every such row
+    too (switching to it keeps every row satisfied). Groups also named by an equality or
+    two-sided row, or with a forbidden strategy, are left out (not pruned)."""
+    frozen = forbidden.copy()
+    frozen[[g for e in rows_left.values() for g, _, _ in e]] = True
+    le = np.isneginf(lower) & np.isfinite(upper)
+    ge = np.isposinf(upper) & np.isfinite(lower)
+    sign = np.where(le, 1.0, np.where(ge, -1.0, 0.0))
+    both = lin[np.flatnonzero(sign == 0.0)]
+    frozen[group_of_col[np.unique(both.indices)]] = True
+    signed = (scipy.sparse.diags(sign) @ lin).tocsc()
+    signed.eliminate_zeros()
+    out = {}
+    for g in np.unique(group_of_col[np.unique(signed.indices)]) if signed.nnz else []:
+        g = int(g)
+        if frozen[g]:
+            continue
+        block = signed[:, gs[g]:gs[g + 1]].tocoo()
+        named, row = np.unique(block.row, return_inverse=True)
+        m = np.zeros((int(gs[g + 1] - gs[g]), named.size))
+        m[block.col, row] = block.data
+        out[g] = m
+    return out
 
 
 def _group_pairs(u, v) -> dict:
@@ -226,30 +274,48 @@ class _Const:
         return self.cost
 
 
-def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left) -> SimpleNamespace:
+def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows) -> SimpleNamespace:
     """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the equality /
-    linear rows that substitution left, which name kept groups only), then one e-block per
+    linear rows that substitution left, which name kept groups only: ``rows_left`` and the sparse
+    ``lin`` with original row indices ``lin_rows``, in original row order), then one e-block per
     remaining edge between two kept groups with > 1 strategy (one row and column per class of
     equal costs); edges to one-strategy groups fold into costs."""
     new_of = np.full(G, -1, dtype=np.int64)
     new_of[kept] = np.arange(kept.size)
     ksizes = sizes[kept]
-    kgs = np.concatenate([[0], np.cumsum(ksizes)])
+    kgs = np.concatenate([[0], np.cumsum(ksizes)]).astype(np.int64)
+    n_s = int(kgs[-1])
     s_cost = np.concatenate([unary[g] for g in kept]) if kept.size else np.zeros(0)
     upper = np.asarray(problem.col_upper)
     s_upper = np.concatenate([upper[gs[g] + alive[g]] for g in kept]) if kept.size else np.zeros(0)
-    cols: list[list] = [[(r, 1.0)] for r, g in enumerate(kept) for _ in range(sizes[g])]
-    row_lo, row_up = [1.0] * kept.size, [1.0] * kept.size
+    # COO pieces (row, column, value): one-hot rows first
+    ent = [(np.repeat(np.arange(kept.size), ksizes), np.arange(n_s), np.ones(n_s))]
+    row_lo, row_up = [np.ones(kept.size)], [np.ones(kept.size)]
     # the full problem's rows past the one-hot and marginal rows (ties, memory) that substitution
-    # left, over kept groups (which such rows pin: all their strategies remain)
+    # left, over kept groups (which such rows pin against elimination; a one-sided row's groups
+    # may have lost dominated strategies: their coefficients go with them)
+    new_col = np.full(int(gs[-1]), -1, dtype=np.int64)
+    for g in kept:
+        new_col[gs[g] + alive[g]] = kgs[new_of[g]] + np.arange(alive[g].size)
+    left = np.asarray(sorted(rows_left), dtype=np.int64)
+    order = np.concatenate([left, lin_rows])
+    position = kept.size + np.argsort(np.argsort(order, kind="stable"), kind="stable")
     rl, ru = np.asarray(problem.row_lower), np.asarray(problem.row_upper)
-    for r, entries in sorted(rows_left.items()):
-        row = len(row_lo)
-        row_lo.append(float(rl[r]))
-        row_up.append(float(ru[r]))
-        for g, k, val in entries:
-            cols[kgs[new_of[g]] + k].append((row, val))
-    e_cost, e_cols = [], []
+    bounds_lo, bounds_up = np.zeros(order.size), np.zeros(order.size)
+    bounds_lo[position - kept.size], bounds_up[position - kept.size] = rl[order], ru[order]
+    row_lo.append(bounds_lo)
+    row_up.append(bounds_up)
+    for n, r in enumerate(left):
+        e = [(gs[g] + k, val) for g, k, val in rows_left[int(r)]]
+        col = new_col[np.asarray([c for c, _ in e], dtype=np.int64)]
+        val = np.asarray([v for _, v in e], dtype=np.float64)
+        ent.append((np.full(int((col >= 0).sum()), position[n]), col[col >= 0], val[col >= 0]))
+    coo = lin.tocoo()
+    col = new_col[coo.col]
+    ent.append((position[left.size + coo.row[col >= 0]], col[col >= 0], coo.data[col >= 0]))
+    n_rows = kept.size + order.size
+    e_cost = []
+    n_e = 0
     for a in kept:
         for b, m in sorted(adj[a].items()):
             if b < a:
@@ -268,27 +334,28 @@ def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left) ->
             rows_a, cls_a = np.unique(m, axis=0, return_inverse=True)
             cols_b, cls_b = np.unique(rows_a, axis=1, return_inverse=True)
             na, nb = cols_b.shape
-            ra, rb = len(row_lo), len(row_lo) + na
-            row_lo += [0.0] * (na + nb)
-            row_up += [0.0] * (na + nb)
-            for x in range(sizes[a]):
-                cols[ka + x].append((ra + int(cls_a.ravel()[x]), -1.0))
-            for y in range(sizes[b]):
-                cols[kb + y].append((rb + int(cls_b.ravel()[y]), -1.0))
-            for x in range(na):
-                for y in range(nb):
-                    e_cost.append(float(cols_b[x, y]))
-                    e_cols.append([(ra + x, 1.0), (rb + y, 1.0)])
-    all_cols = cols + e_cols
-    nnz = np.array([len(c) for c in all_cols], dtype=np.int64)
-    index = np.array([r for c in all_cols for r, _ in c], dtype=np.int32)
-    value = np.array([val for c in all_cols for _, val in c], dtype=np.float64)
-    n_s, n_e = len(cols), len(e_cols)
+            ra, rb = n_rows, n_rows + na
+            n_rows += na + nb
+            ent.append((ra + cls_a.ravel(), ka + np.arange(sizes[a]), -np.ones(sizes[a])))
+            ent.append((rb + cls_b.ravel(), kb + np.arange(sizes[b]), -np.ones(sizes[b])))
+            e = n_s + n_e + np.arange(na * nb)
+            ent.append((ra + np.repeat(np.arange(na), nb), e, np.ones(na * nb)))
+            ent.append((rb + np.tile(np.arange(nb), na), e, np.ones(na * nb)))
+            e_cost.append(cols_b.ravel())
+            n_e += na * nb
+    row_lo.append(np.zeros(n_rows - kept.size - order.size))
+    row_up.append(np.zeros(n_rows - kept.size - order.size))
+    matrix = scipy.sparse.csc_matrix(
+        (np.concatenate([v for _, _, v in ent]),
+         (np.concatenate([r for r, _, _ in ent]), np.concatenate([c for _, c, _ in ent]))),
+        shape=(n_rows, n_s + n_e))
+    matrix.sort_indices()
     return SimpleNamespace(
-        num_cols=n_s + n_e, num_rows=len(row_lo), offset=offset,
-        col_cost=np.concatenate([s_cost, np.asarray(e_cost, dtype=np.float64)]),
+        num_cols=n_s + n_e, num_rows=n_rows, offset=offset,
+        col_cost=np.concatenate([s_cost] + [np.asarray(c, dtype=np.float64) for c in e_cost]),
         col_lower=np.zeros(n_s + n_e), col_upper=np.concatenate([s_upper, np.ones(n_e)]),
-        row_lower=np.asarray(row_lo), row_upper=np.asarray(row_up),
-        a_start=np.concatenate([[0], np.cumsum(nnz)]).astype(np.int32), a_index=index, a_value=value,
-        integrality=np.concatenate([np.ones(n_s, dtype=np.int32), np.zeros(n_e, dtype=np.int32)]),
+        row_lower=np.concatenate(row_lo), row_upper=np.concatenate(row_up),
+        a_start=matrix.indptr.astype(np.int32), a_index=matrix.indices.astype(np.int32),
+        a_value=matrix.data.astype(np.float64), integrality=np.concatenate(
+            [np.ones(n_s, dtype=np.int32), np.zeros(n_e, dtype=np.int32)]),
         group_var_start=kgs)

@@ -15,21 +15,43 @@ reduction were kept only by such rows.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse
 
 
 def substitutions(rows, row_lower, row_upper, group_of_col, gs, forbidden):
-    """(subs, rows left): ``rows``: {row: [(group, strategy, coeff)]}, the non-marginal rows past the
-    one-hot rows. ``subs``: (group, parent, table) with the group's full strategy for each of the
+    """(subs, rows left, column map): ``rows``: {row: [(group, strategy, coeff)]}, the non-marginal
+    rows past the one-hot rows that may be ties (the others, e.g. memory rows, are rewritten with
+    the column map). ``subs``: (group, parent, table) with the group's full strategy for each of the
     parent's; parents are never substituted. ``rows left``: the rows still needed, rewritten over
-    the remaining groups (consumed rows are gone)."""
+    the remaining groups (consumed rows are gone). ``column map``: the sparse 0/1 matrix P (s
+    columns x s columns) that rewrites any row the same way (``row @ P``)."""
     links = {r: _link(e, row_lower[r], row_upper[r], forbidden) for r, e in rows.items()}
     expr, subs, consumed = {}, [], set()
     _merge_bijections(links, gs, expr, subs, consumed)
+    first = dict(expr)
     rows = {r: _rewrite(e, expr) for r, e in rows.items() if r not in consumed}
     links = {r: _link(e, row_lower[r], row_upper[r], forbidden) for r, e in rows.items()}
     _substitute_functions(links, rows, row_lower, row_upper, gs, expr, subs, consumed)
     left = {r: _rewrite(e, expr) for r, e in rows.items() if r not in consumed}
-    return subs, left
+    second = {g: f for g, f in expr.items() if g not in first}
+    return subs, left, _column_map(first, gs) @ _column_map(second, gs)
+
+
+def _column_map(expr, gs) -> scipy.sparse.csr_matrix:
+    """P with P[(g, k), (g', k')] = 1 for each (g', k') in expr[g](k), identity elsewhere."""
+    n = int(gs[-1])
+    src, dst = [], []
+    for g, f in sorted(expr.items()):
+        for k in range(int(gs[g + 1] - gs[g])):
+            for g2, k2 in f(k):
+                src.append(int(gs[g]) + k)
+                dst.append(int(gs[g2]) + k2)
+    mapped = np.zeros(n, dtype=bool)
+    mapped[src] = True
+    same = np.flatnonzero(~mapped)
+    src = np.concatenate([np.asarray(src, dtype=np.int64), same])
+    dst = np.concatenate([np.asarray(dst, dtype=np.int64), same])
+    return scipy.sparse.csr_matrix((np.ones(src.size), (src, dst)), shape=(n, n))
 
 
 def apply(adj, unary, subs, add_edge) -> None:
@@ -116,13 +138,16 @@ def _substitute_functions(links, rows, row_lower, row_upper, gs, expr, subs, con
         targets.setdefault(v, []).append(u)
     chosen = {v: us[0] for v, us in sorted(targets.items()) if len(us) == 1}
     chosen = {v: u for v, u in chosen.items() if u not in chosen}
+    zero_rows: dict = {}  # group -> [(row, strategy)]: the rows s[g][k] = 0
+    for r, e in rows.items():
+        if len(e) == 1 and e[0][2] != 0.0 and row_lower[r] == 0.0 and row_upper[r] == 0.0:
+            zero_rows.setdefault(e[0][0], []).append((r, e[0][1]))
     for v, u in sorted(chosen.items()):
         f, pair_rows = pairs[(u, v)]
         subs.append((v, u, f))
         consumed.update(pair_rows)
         # s_v[j] = 0 for a j that no strategy of u matches: implied by v's one-hot row
-        consumed.update(r for r, e in rows.items() if len(e) == 1 and e[0][0] == v and e[0][2] != 0.0
-                        and row_lower[r] == 0.0 and row_upper[r] == 0.0 and e[0][1] not in f)
+        consumed.update(r for r, k in zero_rows.get(v, ()) if k not in f)
         expr[v] = lambda k, p=u, fv=f: [(p, int(i)) for i in np.flatnonzero(fv == k)]
 
 
