@@ -78,6 +78,11 @@ def test_reduced_optimum_equals_full_optimum(seed):
             solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
         return
     reduced = solve_ilp(ilp, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    if int(ilp.num_rows) > int(ilp.linear_row_start):  # the least-peak problem (an extra column M)
+        mm = _core.min_max_row_problem(ilp)
+        least = solve_ilp(mm, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+        assert least.x[-1] == pytest.approx(solve_ilp(mm, EXACT).x[-1], **TOL)
+        assert not _core.evaluate_columns(mm, least.x).violations
     assert reduced.optimal
     assert reduced.objective == pytest.approx(full.objective, **TOL)
     check = _core.evaluate(ilp, reduced.assignment)
@@ -122,8 +127,22 @@ def test_nothing_to_eliminate_is_none():
     two, swap = np.array([1.0, 2.0]), np.array([[0.0, 1.0], [1.0, 0.0]])
     ilp = _core.build_ilp([two, two], [(0, 1, swap)], [], _keep(0, 1))
     assert eliminate.reduce(ilp) is None
-    assert eliminate.reduce(_core.min_max_row_problem(_core.build_ilp(
-        [two, two], [(0, 1, swap)], [], [(np.array([0]), np.array([1]), np.array([1.0]), -np.inf, 1.0)]))) is None
+
+
+def test_min_max_memory_problem_is_reduced():
+    """``_core.min_max_row_problem`` (no costs; minimise M with every memory row <= M): its M column
+    is kept, the zero edges fold away and each group keeps only strategies no larger than another
+    in every row, with the same least peak as the unreduced problem."""
+    two, swap = np.array([1.0, 2.0]), np.array([[0.0, 1.0], [1.0, 0.0]])
+    rows = [(np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]), np.array([3.0, 1.0, 2.0, 5.0]), -np.inf, 9.0),
+            (np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]), np.array([3.0, 2.0, 1.0, 4.0]), -np.inf, 9.0)]
+    mm = _core.min_max_row_problem(_core.build_ilp([two, two], [(0, 1, swap)], [], rows))
+    red = eliminate.reduce(mm)
+    assert sorted(red.pruned) == [(0, 0, 1), (1, 1, 0)]  # 1 <= 3 and 2 <= 3; 2 <= 5 and 1 <= 4
+    assert red.model.num_cols == 2 + 1  # one strategy per group, and M
+    got = solve_ilp(mm, SolveOptions(rel_gap=0.0, eliminate_chains=True))
+    want = solve_ilp(mm, EXACT)
+    assert list(got.assignment) == [1, 0] and got.x[-1] == pytest.approx(want.x[-1]) == pytest.approx(3.0)
 
 
 @settings(max_examples=40, deadline=None)

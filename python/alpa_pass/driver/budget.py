@@ -56,6 +56,11 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     budgeted = budget is not None and problem.num_memory_rows > 0
     redundant = None
     try:
+        if budgeted and row_wise_lower_bound(problem.ilp) > budget:
+            # some memory row exceeds the budget with every group at its least coefficient in it:
+            # no plan fits, proven in closed form (LLaMA-8B seq 8192 at 80 GiB: round 1 with the
+            # 2711 rows the free plan broke took 205 s to prove it)
+            raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
         if budgeted:
             found = _solve_with_row_generation(problem, options, where)
             if found is not None:

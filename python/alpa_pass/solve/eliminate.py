@@ -53,6 +53,8 @@ class Reduced:
     num_groups: int
     alive: list                      # full strategy indices of each kept group's reduced columns
     pruned: list                     # (group, strategy, dominator): dominance.prune's events
+    extra_cols: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # full indices of the columns past the group and edge columns: the model's last columns
 
     def start(self, start) -> np.ndarray:
         """A full-problem start (strategy per group) as a reduced one: pruned strategies replaced
@@ -71,23 +73,27 @@ class Reduced:
             full[g] = int(table[tuple(full[n] for n in nbrs)])
         return full
 
-    def full_columns(self, assignment: np.ndarray, num_cols: int, group_var_start) -> np.ndarray:
-        """The full problem's column vector of ``assignment`` (one-hot s, product e columns)."""
+    def full_columns(self, assignment: np.ndarray, num_cols: int, group_var_start, x_reduced) -> np.ndarray:
+        """The full problem's column vector of ``assignment`` (one-hot s, product e columns; extra
+        columns from the reduced solution ``x_reduced``)."""
         x = np.zeros(num_cols)
         gs = np.asarray(group_var_start)
         x[gs[:-1] + assignment] = 1.0
         u, i, v, j = self.edge_cols
-        x[gs[-1]:] = ((assignment[u] == i) & (assignment[v] == j)).astype(np.float64)
+        x[gs[-1]:gs[-1] + u.size] = ((assignment[u] == i) & (assignment[v] == j)).astype(np.float64)
+        if self.extra_cols.size:
+            x[self.extra_cols] = np.asarray(x_reduced)[-self.extra_cols.size:]
         return x
 
 
 def reduce(problem) -> Reduced | None:
-    """The reduced ILP of ``problem``, or None when nothing is eliminated or the problem has
-    columns beyond the group and edge columns (e.g. ``_core.min_max_row_problem``'s M)."""
+    """The reduced ILP of ``problem``, or None when nothing is reduced. Columns past the group and
+    edge columns (e.g. ``_core.min_max_row_problem``'s M) are kept as they are, and the rows
+    naming them are kept as linear rows."""
     gs = np.asarray(problem.group_var_start, dtype=np.int64)
-    num_s = int(gs[-1] - gs[0])
+    num_s, num_e = int(gs[-1] - gs[0]), int(problem.num_edge_vars)
     num_cols, num_rows = int(problem.num_cols), int(problem.num_rows)
-    if gs[0] != 0 or num_cols != num_s + int(problem.num_edge_vars):
+    if gs[0] != 0 or num_cols < num_s + num_e:
         return None
     G = gs.size - 1
     sizes = np.diff(gs)
@@ -97,12 +103,13 @@ def reduce(problem) -> Reduced | None:
     cost = np.asarray(problem.col_cost, dtype=np.float64)
     upper = np.asarray(problem.col_upper, dtype=np.float64)
     col_of = np.repeat(np.arange(num_cols), np.diff(a_start))
-    is_e = col_of >= num_s
+    is_e = (col_of >= num_s) & (col_of < num_s + num_e)
+    is_x = col_of >= num_s + num_e  # extra columns' nonzeros
     marginal = np.zeros(num_rows, dtype=bool)
     marginal[a_index[is_e]] = True
     group_of_col = np.repeat(np.arange(G), sizes)
     # s-column nonzeros: in marginal rows (the -1 of s[g][k]) or in other rows (ties, memory)
-    s_nz = ~is_e & (a_index >= G)
+    s_nz = (col_of < num_s) & (a_index >= G)
     row_s = np.full(num_rows, -1, dtype=np.int64)
     in_marg = s_nz & marginal[a_index]
     row_s[a_index[in_marg]] = col_of[in_marg]
@@ -113,13 +120,14 @@ def reduce(problem) -> Reduced | None:
     # rows that may be ties (equalities to 0) go through ties.substitutions one by one; the others
     # (memory rows: up to millions of nonzeros) stay a sparse matrix, rewritten by its column map
     tie_like = (row_lower == 0.0) & (row_upper == 0.0)
+    tie_like[a_index[is_x]] = False
     tie_nz, lin_nz = other & tie_like[a_index], other & ~tie_like[a_index]
     other_rows: dict = {}
     for c, r, val in zip(col_of[tie_nz], a_index[tie_nz], a_value[tie_nz]):
         g = int(group_of_col[c])
         other_rows.setdefault(int(r), []).append((g, int(c - gs[g]), float(val)))
     subs, rows_left, column_map = ties.substitutions(other_rows, row_lower, row_upper, group_of_col, gs, forbidden)
-    lin_rows = np.unique(a_index[lin_nz])
+    lin_rows = np.unique(np.concatenate([a_index[lin_nz], a_index[is_x]]))
     lin = scipy.sparse.csr_matrix((a_value[lin_nz], (np.searchsorted(lin_rows, a_index[lin_nz]), col_of[lin_nz])),
                                   shape=(lin_rows.size, num_s)) @ column_map
     lin = scipy.sparse.csr_matrix(lin)
@@ -136,7 +144,7 @@ def reduce(problem) -> Reduced | None:
     su, sv = row_s[rows[:, 0]], row_s[rows[:, 1]]
     u, v = group_of_col[su], group_of_col[sv]
     i, j = su - gs[u], sv - gs[v]
-    e_cost = cost[num_s:]
+    e_cost = cost[num_s:num_s + num_e]
     unary = [cost[gs[g]:gs[g + 1]].copy() for g in range(G)]
     adj: list[dict] = [dict() for _ in range(G)]
     for (gu, gv), idx in _group_pairs(u, v).items():
@@ -155,11 +163,13 @@ def reduce(problem) -> Reduced | None:
     gone[[g for g, _, _ in eliminated]] = True
     kept = np.flatnonzero(~gone)
     offset = float(problem.offset) + sum(float(t) for g, n, t in eliminated if not n)
-    model = _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows)
+    extra = (np.arange(num_s + num_e, num_cols), col_of[is_x], np.searchsorted(lin_rows, a_index[is_x]),
+             a_value[is_x])
+    model = _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows, extra)
     if not eliminated and not pruned and model.num_cols == num_cols:
         return None
     return Reduced(model=model, kept=kept, eliminated=eliminated, edge_cols=(u, i, v, j), num_groups=G,
-                   alive=[alive[g] for g in kept], pruned=pruned)
+                   alive=[alive[g] for g in kept], pruned=pruned, extra_cols=np.arange(num_s + num_e, num_cols))
 
 
 def _one_sided_bounds(lin, lower, upper, rows_left, forbidden, group_of_col, gs) -> dict:
@@ -176,10 +186,12 @@ def _one_sided_bounds(lin, lower, upper, rows_left, forbidden, group_of_col, gs)
     sign = np.where(le, 1.0, np.where(ge, -1.0, 0.0))
     both = lin[np.flatnonzero(sign == 0.0)]
     frozen[group_of_col[np.unique(both.indices)]] = True
-    signed = (scipy.sparse.diags(sign) @ lin).tocsc()
+    signed = scipy.sparse.csr_matrix(scipy.sparse.diags(sign) @ lin)
     signed.eliminate_zeros()
+    named_groups = np.unique(group_of_col[signed.indices])  # CSR: indices are columns
+    signed = signed.tocsc()
     out = {}
-    for g in np.unique(group_of_col[np.unique(signed.indices)]) if signed.nnz else []:
+    for g in named_groups:
         g = int(g)
         if frozen[g]:
             continue
@@ -274,12 +286,13 @@ class _Const:
         return self.cost
 
 
-def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows) -> SimpleNamespace:
+def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, lin, lin_rows, extra) -> SimpleNamespace:
     """The reduced CSC model: kept groups' s-columns (one-hot rows, bounds and the equality /
     linear rows that substitution left, which name kept groups only: ``rows_left`` and the sparse
     ``lin`` with original row indices ``lin_rows``, in original row order), then one e-block per
     remaining edge between two kept groups with > 1 strategy (one row and column per class of
-    equal costs); edges to one-strategy groups fold into costs."""
+    equal costs); edges to one-strategy groups fold into costs; last the extra columns as they are
+    (``extra``: their full indices, and the full column, lin row and value of each nonzero)."""
     new_of = np.full(G, -1, dtype=np.int64)
     new_of[kept] = np.arange(kept.size)
     ksizes = sizes[kept]
@@ -345,17 +358,22 @@ def _model(problem, kept, unary, adj, sizes, gs, offset, G, alive, rows_left, li
             n_e += na * nb
     row_lo.append(np.zeros(n_rows - kept.size - order.size))
     row_up.append(np.zeros(n_rows - kept.size - order.size))
+    x_full, x_col, x_row, x_val = extra
+    n_x = x_full.size
+    ent.append((position[left.size + x_row], n_s + n_e + np.searchsorted(x_full, x_col), x_val))
     matrix = scipy.sparse.csc_matrix(
         (np.concatenate([v for _, _, v in ent]),
          (np.concatenate([r for r, _, _ in ent]), np.concatenate([c for _, c, _ in ent]))),
-        shape=(n_rows, n_s + n_e))
+        shape=(n_rows, n_s + n_e + n_x))
     matrix.sort_indices()
+    col = lambda name: np.asarray(getattr(problem, name))[x_full]  # noqa: E731
     return SimpleNamespace(
-        num_cols=n_s + n_e, num_rows=n_rows, offset=offset,
-        col_cost=np.concatenate([s_cost] + [np.asarray(c, dtype=np.float64) for c in e_cost]),
-        col_lower=np.zeros(n_s + n_e), col_upper=np.concatenate([s_upper, np.ones(n_e)]),
+        num_cols=n_s + n_e + n_x, num_rows=n_rows, offset=offset,
+        col_cost=np.concatenate([s_cost] + [np.asarray(c, dtype=np.float64) for c in e_cost] + [col("col_cost")]),
+        col_lower=np.concatenate([np.zeros(n_s + n_e), col("col_lower")]),
+        col_upper=np.concatenate([s_upper, np.ones(n_e), col("col_upper")]),
         row_lower=np.concatenate(row_lo), row_upper=np.concatenate(row_up),
         a_start=matrix.indptr.astype(np.int32), a_index=matrix.indices.astype(np.int32),
         a_value=matrix.data.astype(np.float64), integrality=np.concatenate(
-            [np.ones(n_s, dtype=np.int32), np.zeros(n_e, dtype=np.int32)]),
+            [np.ones(n_s, dtype=np.int32), np.zeros(n_e, dtype=np.int32), col("integrality").astype(np.int32)]),
         group_var_start=kgs)

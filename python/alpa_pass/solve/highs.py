@@ -129,7 +129,7 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         assignment = np.asarray(_core.decode_assignment(problem, x), dtype=np.int64)
     else:
         assignment = reduced.expand(x)
-        x = reduced.full_columns(assignment, int(problem.num_cols), problem.group_var_start)
+        x = reduced.full_columns(assignment, int(problem.num_cols), problem.group_var_start, x)
     objective = float(_core.evaluate(problem, assignment).objective)
     optimal = status == highspy.HighsModelStatus.kOptimal
     gap = float(info.mip_gap) if problem.integrality.any() else 0.0
