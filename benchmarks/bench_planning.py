@@ -9,6 +9,7 @@ Not a test: never collected by pytest.
     python benchmarks/bench_planning.py --no-tie-layers      # one ILP group per layer copy
     python benchmarks/bench_planning.py --suite alpa         # Alpa's GPT cases, plan only
     python benchmarks/bench_planning.py --suite alpa --compile   # + compile 39B for 64 CPU devices
+    python benchmarks/bench_planning.py --suite alpa --budget 80 # each case under 80 GiB per device
     python benchmarks/bench_planning.py --suite small        # small programs: target <= 2 s each
 
 The ``small`` suite (issue 14: small programs plan fast) plans the 3-layer test MLP and the 2-layer
@@ -59,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--compile-timeout", type=float, default=3600.0, help="seconds for --compile")
     p.add_argument("--time-limit", type=float, default=None,
                    help="opt-in solver wall-clock limit (s); default none: solves are bounded by nodes")
+    p.add_argument("--budget", type=float, default=None,
+                   help="memory_budget_per_device in GiB (default: none); e.g. 80 for an 80 GiB GPU")
     p.add_argument("--json", default=None, help="write the result to this file (single case)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
@@ -93,7 +96,7 @@ def tie_stats(graph, mesh, option) -> dict:
     return stats
 
 
-def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit=None) -> dict:
+def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit=None, budget_gib=None) -> dict:
     """Plan (and with compile_ emit + compile) one GPT train step; the result as a JSON-ready dict."""
     import jax
 
@@ -104,7 +107,8 @@ def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit
     optimizer = default_optimizer()
     state, batch = abstract_inputs(config, optimizer)
     mesh = ap.LogicalMesh(shape=mesh_shape, beta=beta)
-    option = ap.AutoShardingOption(solver_time_limit_s=time_limit, tie_repeated_layers=tie)
+    option = ap.AutoShardingOption(solver_time_limit_s=time_limit, tie_repeated_layers=tie,
+                                   memory_budget_per_device=None if budget_gib is None else int(budget_gib * 2**30))
     train_step = gpt.make_train_step(optimizer, config)
     t = time.perf_counter()
     plan, graph, _ = make_plan(train_step, (state, batch), mesh, option, donate_argnums=(0,))
@@ -125,6 +129,8 @@ def run_case(config, mesh_shape, beta=None, tie=True, compile_=False, time_limit
                   ("layers", "hidden", "heads", "seq", "vocab", "batch", "tied")}},
         "mesh": {"shape": list(mesh.shape), "alpha": list(mesh.alpha), "beta": list(mesh.beta)},
         "compiled": compile_,
+        "budget_gib": budget_gib,
+        "predicted_peak_gib": plan.predicted_peak_bytes / 2**30,
         **result,
         "ilp_size": dict(plan.ilp_size),
         "ties": tie_stats(graph, mesh, option) if tie else None,
@@ -163,6 +169,9 @@ def print_report(result: dict) -> None:
                       f"{t['classes_tied']} classes tied, {t['classes_skipped']} skipped")
     console.print(f"objective {result['objective']:.6g} ({result['solver_status']}, gap {result['mip_gap']:.2g}); "
                   + ", ".join(f"{k} {v:.4g}" for k, v in result["predicted"].items()))
+    budget = result.get("budget_gib")
+    console.print(f"predicted peak {result['predicted_peak_gib']:.4g} GiB per device"
+                  + ("" if budget is None else f" (budget {budget:g} GiB)"))
     if result.get("memory_per_device"):
         console.print("XLA memory per device (MiB): " + ", ".join(
             f"{k} {v / 2**20:.1f}" for k, v in result["memory_per_device"].items()))
@@ -185,7 +194,7 @@ def run_single(args) -> int:
                         layers=args.layers, batch=args.batch, tied=not args.untied)
     beta = tuple(float(b) for b in args.beta.split(",")) if args.beta else None
     result = run_case(config, mesh_shape, beta, tie=not args.no_tie_layers, compile_=not args.no_compile,
-                      time_limit=args.time_limit)
+                      time_limit=args.time_limit, budget_gib=args.budget)
     print_report(result)
     m = result["model"]
     print("wrote " + _write(result, args.out, f"planning_gpt_L{m['layers']}_H{m['hidden']}_{args.mesh}",
@@ -204,6 +213,8 @@ def compile_in_subprocess(size: str, mesh: str, args) -> dict:
            "--mesh", mesh, "--json", path, "--out", args.out]
     if args.time_limit is not None:
         cmd += ["--time-limit", str(args.time_limit)]
+    if args.budget is not None:
+        cmd += ["--budget", str(args.budget)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     t = time.perf_counter()
     try:
@@ -221,9 +232,21 @@ def run_suite(args) -> int:
     simulate_cpu_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE))
     from benchmarks.models.gpt_sizes import SIZES
 
+    from alpa_pass.errors import InfeasibleError
+
     results = []
     for size, mesh in ALPA_SUITE:
-        result = run_case(SIZES[size], _mesh_shape(mesh), tie=not args.no_tie_layers, time_limit=args.time_limit)
+        t = time.perf_counter()
+        try:
+            result = run_case(SIZES[size], _mesh_shape(mesh), tie=not args.no_tie_layers,
+                              time_limit=args.time_limit, budget_gib=args.budget)
+        except InfeasibleError as e:  # a budget no plan meets: the error (and its figures) is the result
+            result = {"case": f"GPT-{size} on {mesh}", "budget_gib": args.budget, "wall_s": time.perf_counter() - t,
+                      "infeasible": str(e), "smallest_feasible_gib": None if e.smallest_feasible_bytes is None
+                      else e.smallest_feasible_bytes / 2**30}
+            print(f"GPT-{size} on {mesh}: InfeasibleError after {result['wall_s']:.1f} s: {e}")
+            results.append(result)
+            continue
         result["case"] = f"GPT-{size} on {mesh}"
         print_report(result)
         results.append(result)

@@ -206,10 +206,14 @@ def test_row_wise_lower_bound():
     assert 0 < row_wise_lower_bound(prob.ilp) <= least
 
 
-def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch):
+@pytest.mark.parametrize("filter_above", [64, 0])
+def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch, filter_above):
     """Row generation: a budget the free optimum meets is one solve with no memory row; at every
-    binding budget the result is the brute-force optimum (the free solve first, then with rows)."""
+    binding budget the result is the brute-force optimum (the free solve first, then with rows;
+    with ``filter_above=0`` each round adds only the broken rows no other row dominates)."""
     from alpa_pass.driver import budget as budget_module
+
+    monkeypatch.setattr(budget_module, "FILTER_BROKEN_ROWS", filter_above)
 
     free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
     assignments = all_assignments(free.ilp)

@@ -32,6 +32,10 @@ LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split th
 # undominated rows (the same plan). (With an older leader rule, the free plan broke 414 rows and
 # round 1 ran past 600 s; this was 0 then.)
 MAX_ROW_ROUNDS = 3
+# A round that breaks more memory rows than this adds only those no other row dominates (found by
+# redundant_memory_rows: 2.7 s on LLaMA-8B 8x8, so not for a handful). GPT-39B 8x8 at 80 GiB: the
+# free plan breaks 2769 rows, 1351 of them undominated.
+FILTER_BROKEN_ROWS = 64
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
@@ -62,10 +66,10 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
             # 2711 rows the free plan broke took 205 s to prove it)
             raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
         if budgeted:
-            found = _solve_with_row_generation(problem, options, where)
+            found, redundant = _solve_with_row_generation(problem, options, where)
             if found is not None:
                 return found
-            redundant = redundant_memory_rows(problem.ilp)
+            redundant = redundant_memory_rows(problem.ilp) if redundant is None else redundant
             log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
                      len(redundant), problem.num_memory_rows)
         return solve_ilp(problem.ilp, options, drop_rows=redundant)
@@ -86,10 +90,11 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> Solution | None:
-    """The budgeted optimum found by adding memory rows lazily, or None (then the caller solves
-    with all rows): round 0 solves without memory rows; each round adds the rows its plan breaks
-    and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
+def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tuple:
+    """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
+    with all rows; ``redundant_memory_rows`` once computed, else None): round 0 solves without
+    memory rows; each round adds the rows its plan breaks that no other row dominates (a broken
+    dominated row's dominator is broken too, and implies it) and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
     it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
     the ILP has none (InfeasibleError). Only finished solves count (a time-limited one or
     ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
@@ -99,28 +104,34 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> So
                                 shape=(n, int(ilp.num_cols)))
     rows, upper = a[start:, :].tocsr(), np.asarray(ilp.row_upper)[start:]
     active = np.zeros(n - start, dtype=bool)
+    redundant, maximal = None, None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
             solution = solve_ilp(ilp, options, drop_rows=np.flatnonzero(~active) + start)
         except SolverError:
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
-            return None
+            return None, redundant
         # an InfeasibleError propagates: a relaxation with no plan proves the full ILP has none
         if solution.time_limited:
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
-            return None
+            return None, redundant
         x = np.zeros(int(ilp.num_cols))
         x[:] = solution.x
         broken = (rows @ x > upper * (1 + 1e-9) + 1e-6) & ~active
         if not broken.any():
             log.info("alpa_pass: mesh %s: budgeted optimum after %d row rounds with %d of %d memory rows",
                      where, round_, int(active.sum()), active.size)
-            return solution
-        active |= broken
-        log.info("alpa_pass: mesh %s: row round %d broke %d memory rows (%d in the ILP now)", where, round_,
-                 int(broken.sum()), int(active.sum()))
-    return None
+            return solution, redundant
+        if redundant is None and broken.sum() > FILTER_BROKEN_ROWS:
+            redundant = redundant_memory_rows(ilp)
+            maximal = np.ones(n - start, dtype=bool)
+            maximal[redundant - start] = False
+        added = broken if maximal is None or not (broken & maximal).any() else broken & maximal
+        active |= added
+        log.info("alpa_pass: mesh %s: row round %d broke %d memory rows; %d undominated added (%d in the ILP "
+                 "now)", where, round_, int(broken.sum()), int(added.sum()), int(active.sum()))
+    return None, redundant
 
 
 def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarray:
