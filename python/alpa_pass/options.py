@@ -202,9 +202,10 @@ class AutoShardingOption:
         Every solve, the main one, the unmerged refinement and each budgeted round (its memory
         rows kept: groups they name are not eliminated and lose only strategies that are no
         larger in them), solves the exact reduction of its ILP (``eliminate_chains``,
-        ``solve/eliminate.py``): the same optimum, plans expanded back. (It was off for main solves while collectives over several mesh axes were charged as
-        one per axis: among the then equal-cost plans it picked some that compiled to
-        collective-permutes; test_plan_fidelity checks there are none.)"""
+        ``solve/eliminate.py``): the same optimum, plans expanded back. (It was off for main
+        solves while collectives over several mesh axes were charged as one per axis: among the
+        then equal-cost plans it picked some that compiled to collective-permutes;
+        test_plan_fidelity checks there are none.)"""
         return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
                             log_to_console=self.solver_log, objective_bound=self.solver_objective_bound,

@@ -93,9 +93,10 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
 def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
     with all rows; ``redundant_memory_rows`` once computed, else None): round 0 solves without
-    memory rows; each round adds the rows its plan breaks that no other row dominates (a broken
-    dominated row's dominator is broken too, and implies it) and solves again. A plan that meets every row is the budgeted optimum (within the MIP gap):
-    it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
+    memory rows; each round adds the rows its plan breaks (past ``FILTER_BROKEN_ROWS``, only
+    those no other row dominates: a broken dominated row's dominator is broken too, and implies
+    it) and solves again. A plan that meets every row is the budgeted optimum (within the MIP
+    gap): it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
     the ILP has none (InfeasibleError). Only finished solves count (a time-limited one or
     ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
     ilp = problem.ilp
