@@ -1,8 +1,12 @@
 """PipeshardParallel on a scanned layer stack (``zoo.gpt_scan``: ``lax.scan``, flax ``nn.scan``,
 ``nn.scan(nn.remat(...))``): the one scan is cut between iterations into one scan per stage
-(``pipeline.trace.scan_split``), and 3 Adam steps equal plain ``jax.jit`` on one device.
+(``pipeline.trace.scan_split``), every stage holds, differentiates and updates only its slice of
+the stacked parameters and their Adam moments (``pipeline.trace.stacked_params``), and 3 Adam
+steps equal plain ``jax.jit`` on one device.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +37,40 @@ def scan_lengths(stage) -> list:
     return [int(e.params["length"]) for e in stage.program.eqns if e.primitive.name == "scan"]
 
 
+def arg_shapes(compiled) -> Counter:
+    return Counter(tuple(a.shape) for a in jax.tree.leaves(compiled.args_info))
+
+
+def assert_stages_hold_their_slices(exe, state, new_state, num_stages):
+    """Each stage's compiled forward, backward and apply take its ``[L/S, ...]`` slice of every
+    stacked parameter (once in the forward; in the apply: parameter, gradient, Adam ``mu`` and
+    ``nu``) and never a whole ``[L, ...]`` stack; the step returns every stacked leaf (parameters
+    and moments) whole, as one array over all the stages' devices split over a ``stage`` axis."""
+    blocks = jax.tree.leaves(state[0]["blocks"])
+    length = blocks[0].shape[0]
+    full = Counter(tuple(x.shape) for x in blocks)
+    piece = Counter({(length // num_stages, *shape[1:]): n for shape, n in full.items()})
+    stack_bytes = sum(x.nbytes for x in blocks)
+    for st in exe.program.stages:
+        applies = [a.exe for a in exe.program.apply if a.site == st.program.index]
+        assert len(applies) == 1
+        for compiled in (st.fwd, st.bwd, *applies):
+            assert not set(arg_shapes(compiled)) & set(full), "a stage reads a whole stack"
+        fwd, apply = arg_shapes(st.fwd), arg_shapes(applies[0])
+        assert {s: fwd[s] for s in piece} == piece
+        assert {s: apply[s] for s in piece} == {s: 4 * n for s, n in piece.items()}
+        itemsize = blocks[0].dtype.itemsize
+        assert sum(np.prod(s) * n for s, n in piece.items()) * itemsize * num_stages == stack_bytes
+    stacked = [(jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_flatten_with_path(new_state)[0]
+               if "'blocks'" in jax.tree_util.keystr(p)]
+    assert len(stacked) == 3 * len(blocks)  # parameters, mu, nu
+    for path, x in stacked:
+        lead = x.sharding.spec[0]
+        lead = (lead,) if isinstance(lead, str) else tuple(lead or ())
+        assert x.shape[0] == length and dict(x.sharding.mesh.shape)["stage"] == num_stages, path
+        assert lead[:1] == ("stage",) and len(x.sharding.device_set) == 8, (path, x.sharding)
+
+
 @pytest.mark.parametrize("kind,num_stages", [
     pytest.param("lax", 2, id="lax-2stages"),
     pytest.param("flax", 4, id="flax-4stages", marks=pytest.mark.slow),
@@ -43,9 +81,12 @@ def test_scanned_gpt_uniform_stages_match_single_device(kind, num_stages):
     method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), num_micro_batches=2,
                                   stage_option=ap.UniformStageOption(num_stages=num_stages))
     step = ap.parallelize(step_fn, method=method)
-    assert_same_run(reference_run(step_fn, state, batches), run_steps(step, state, batches))
+    got = run_steps(step, state, batches)
+    assert_same_run(reference_run(step_fn, state, batches), got)
     exe = step.get_executable(state, batches[0])
+    assert step.num_plans == 1
     assert exe.plan.num_stages == num_stages and exe.plan.num_layers == num_stages
+    assert_stages_hold_their_slices(exe, state, got[0], num_stages)
     # the 4 iterations are cut evenly: every stage runs one sub-scan over its share of the blocks
     assert [scan_lengths(s) for s in exe.program.stages] == [[4 // num_stages]] * num_stages
     assert sorted(d for s in exe.plan.stages for d in s.devices) == list(range(8))
@@ -86,7 +127,7 @@ def test_each_option_cuts_the_stack_into_the_pieces_it_needs(option, lengths):
     step_fn, state, batches = setup("lax")
     method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, 4)), **option)
     traced = trace_step(step_fn, (state, batches[0]), (1,), lambda a, m: micro_avals(a, m, 1, "step"))
-    eqns = _split_layer_stack(traced, method).loss.jaxpr.eqns
+    eqns = _split_layer_stack(traced, method)[0].loss.jaxpr.eqns
     assert [int(e.params["length"]) for e in eqns if e.primitive.name == "scan"] == lengths
     assert sum(e.primitive is boundary_p for e in eqns) == len(lengths) - 1  # (the layer DP ignores them)
 

@@ -24,7 +24,8 @@ from alpa_pass.pipeline.partition.schedule import clock, stage_orders
 from alpa_pass.pipeline.partition.stage_search import auto_stages
 from alpa_pass.pipeline.programs.apply import MarkerLayout, build_apply
 from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
-from alpa_pass.pipeline.trace.scan_split import check_splittable, layer_stack, split_layer_stack
+from alpa_pass.pipeline.trace.scan_split import check_splittable, layer_stack, piece_bounds, split_layer_stack
+from alpa_pass.pipeline.trace.stacked_params import StackSplit, split_stacked_params
 from alpa_pass.pipeline.trace.step import TracedStep, trace_step
 from alpa_pass.trace.lower import leaf_aval, output_ties
 
@@ -61,6 +62,7 @@ class PipeshardProgram:
     ticks: list
     layout: MarkerLayout
     timings: dict
+    split: StackSplit | None = None  # how stacked step leaves are cut per piece (None: not cut)
 
 
 def micro_avals(traced_args, batch_mask, num_micro: int, fn_name: str, method: str = "PipeshardParallel"):
@@ -88,7 +90,15 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     leaves = jax.tree.leaves(args)
     traced = trace_step(fn, args, method.batch_argnums, lambda marker_args, mask: micro_avals(
         marker_args, mask, method.num_micro_batches, getattr(fn, "__qualname__", "fn")))
-    traced = _split_layer_stack(traced, method)
+    ties = dict(output_ties(args, jax.tree.unflatten(traced.out_tree, [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.step.jaxpr.outvars])))
+    donated = set(donated_leaves(args, donate_argnums))
+    traced, bounds = _split_layer_stack(traced, method)
+    split = None
+    if bounds is not None:
+        traced, split = split_stacked_params(traced, bounds)
+    if split is not None:
+        ties, donated, leaves = split.map_ties(ties), split.map_leaves(donated), split.split_avals(traced)
     layers = (layer_mod.manual_layers(traced.loss) if method.layer_option == "manual" else
               layer_mod.auto_layers(traced.loss, method.layer_option.layer_num, method.layer_option.eps))
     timings["trace"] = time.perf_counter() - t
@@ -102,20 +112,18 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     marker_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.loss.jaxpr.invars]
     stages = _compile_stages(programs, specs, consts, marker_avals, method, traced.loss.jaxpr.outvars[1:])
     layout = marker_layout(stages, len(marker_avals), method.num_micro_batches)
-    ties = dict(output_ties(args, jax.tree.unflatten(traced.out_tree, [
-        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.step.jaxpr.outvars])))
-    apply_programs, sites = build_apply(traced, layout, set(donated_leaves(args, donate_argnums)), ties)
+    apply_programs, sites = build_apply(traced, layout, donated, ties)
     apply = compile_apply(apply_programs, sites, traced, stages, cluster, method, leaves)
     timings["compile"] = time.perf_counter() - t
     ticks = clock(stage_orders(method.pipeline_schedule, len(stages), method.num_micro_batches))
     return PipeshardProgram(traced, method, layers, stages, apply, sites, free_sharding(stages), ticks, layout,
-                            timings)
+                            timings, split)
 
 
-def _split_layer_stack(traced: TracedStep, method) -> TracedStep:
-    """``traced`` with the loss's scanned layer stack cut into as many scans as the layer and
-    stage options need (``trace.scan_split``); unchanged when the loss has no top-level scan or
-    already has enough layers."""
+def _split_layer_stack(traced: TracedStep, method) -> tuple[TracedStep, list | None]:
+    """``(traced', bounds)``: ``traced`` with the loss's scanned layer stack cut into as many scans
+    as the layer and stage options need (``trace.scan_split``) and the pieces' boundaries;
+    ``(traced, None)`` when the loss has no top-level scan or already has enough layers."""
     loss, stack = traced.loss, layer_stack(traced.loss)
     length = 0 if stack is None else int(stack.params["length"])
     if method.layer_option != "manual":  # the layer DP clusters the pieces with the other equations
@@ -131,9 +139,9 @@ def _split_layer_stack(traced: TracedStep, method) -> TracedStep:
             need, wanted = option.num_stages or have, f"UniformStageOption(num_stages={option.num_stages})"
         pieces = need - have + 1
     if pieces <= 1:
-        return traced
+        return traced, None
     check_splittable(loss, pieces, wanted)
-    return dataclasses.replace(traced, loss=split_layer_stack(loss, pieces))
+    return dataclasses.replace(traced, loss=split_layer_stack(loss, pieces)), piece_bounds(length, pieces)
 
 
 def _stage_specs(traced, layers, cluster, method):

@@ -10,7 +10,9 @@ next (``cross_process.settle``), so stages on different processes run concurrent
 ``jax.device_put`` per task to the consumer's planned shardings; under
 ``transfer="send_once_gather"`` replicated values are sent split, then all-gathered on arrival).
 The step's outputs stay where the apply executables wrote them: parameters and optimizer state
-on their stage's submesh, in the layout the next step's executables read them in.
+on their stage's submesh, in the layout the next step's executables read them in. A stacked
+``[L, ...]`` leaf whose pieces the stages hold (``trace.stacked_params``) is cut into them on the
+way in and joined into one array over the stages' devices on the way out (``run.stacked``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from alpa_pass.pipeline.programs.apply_sites import FREE
 from alpa_pass.pipeline.compile.pipeshard import PipeshardProgram, compile_pipeshard
 from alpa_pass.pipeline.run.cross_process import settle
 from alpa_pass.pipeline.run.report import PipelinePlan
+from alpa_pass.pipeline.run.stacked import cut_inputs, join_outputs
 from alpa_pass.pipeline.run.transfer import assemble_replicas, transfer_many
 from alpa_pass.runtime.multiprocess import compare_digests, gather_digests
 
@@ -49,9 +52,15 @@ class PipeshardExecutable:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}")
         if jax.process_count() > 1:
             leaves = [_host_if_local(x) for x in leaves]
+        split = self.program.split
+        if split is not None:  # stacked leaves -> the per-piece leaves the stages hold
+            leaves = cut_inputs(split, leaves)
         env = self._run_pipeline(leaves)
         env.update(zip(self.program.traced.step.jaxpr.invars, leaves))
-        return jax.tree.unflatten(self.program.traced.out_tree, self._run_apply(env))
+        outs = self._run_apply(env)
+        if split is None:
+            return jax.tree.unflatten(self.program.traced.out_tree, outs)
+        return jax.tree.unflatten(split.out_tree, join_outputs(split, outs, self._transfer))
 
     def _transfer(self, xs, shardings) -> list:
         """``xs`` placed with ``shardings`` under the method's transfer mode."""

@@ -50,6 +50,12 @@ def check_splittable(loss: ClosedJaxpr, pieces: int, wanted: str) -> None:
                         f"outside the scan")
 
 
+def piece_bounds(length: int, pieces: int) -> list[int]:
+    """The iteration ranges' boundaries ``[0, b1, ..., length]`` :func:`split_layer_stack` cuts
+    ``length`` iterations into ``pieces`` ranges at (as even as possible)."""
+    return [round(i * length / pieces) for i in range(pieces + 1)]
+
+
 def split_layer_stack(loss: ClosedJaxpr, pieces: int) -> ClosedJaxpr:
     """``loss`` with :func:`layer_stack` cut into ``pieces`` scans (see the module docstring);
     ``loss`` itself when ``pieces <= 1`` or there is no scan. Call :func:`check_splittable` first."""
@@ -58,7 +64,7 @@ def split_layer_stack(loss: ClosedJaxpr, pieces: int) -> ClosedJaxpr:
         return loss
     length = int(stack.params["length"])
     assert pieces <= length, (pieces, length)
-    bounds = [round(i * length / pieces) for i in range(pieces + 1)]
+    bounds = piece_bounds(length, pieces)
     jaxpr = loss.jaxpr
 
     def run(*args):
