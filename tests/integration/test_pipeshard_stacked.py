@@ -55,10 +55,10 @@ def cut_paths(exe, state) -> list:
     return sorted({paths[i] for i, j in exe.program.split.inputs if j is not None and i < len(paths)})
 
 
-def run(step_fn, state, batches, **option):
+def run(step_fn, state, batches, donate_argnums=(), **option):
     method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(1, 4), devices=tuple(jax.devices()[:4])),
                                   num_micro_batches=2, **option)
-    step = ap.parallelize(step_fn, method=method)
+    step = ap.parallelize(step_fn, method=method, donate_argnums=donate_argnums)
     got = run_steps(step, state, batches)
     assert_same_run(reference_run(step_fn, state, batches), got)
     assert step.num_plans == 1
@@ -67,8 +67,10 @@ def run(step_fn, state, batches, **option):
 
 def test_a_stack_the_loss_also_reads_whole_keeps_one_owner():
     step_fn, state, batches = setup(default_optimizer(), read_whole=True)
-    exe, (new_state, _) = run(step_fn, state, batches, stage_option=ap.UniformStageOption(num_stages=2))
+    exe, (new_state, _) = run(step_fn, state, batches, donate_argnums=(0,),
+                              stage_option=ap.UniformStageOption(num_stages=2))
     # k (and its Adam moments) is cut per stage; b, read whole by the penalty, stays one leaf
+    # (the state is donated: each stage donates the views of its pieces of the previous state)
     assert cut_paths(exe, state) == ["[0]['stack']['k']", "[1][0].mu['stack']['k']", "[1][0].nu['stack']['k']"]
     assert new_state[0]["stack"]["k"].sharding.mesh.axis_names[0] == "stage"
     assert len(new_state[0]["stack"]["b"].sharding.device_set) == 2  # on its owner stage's submesh
