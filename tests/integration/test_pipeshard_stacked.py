@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -74,6 +75,7 @@ def test_a_stack_the_loss_also_reads_whole_keeps_one_owner():
     # (the state is donated: each stage donates the views of its pieces of the previous state)
     assert cut_paths(exe, state) == ["[0]['stack']['k']", "[1][0].mu['stack']['k']", "[1][0].nu['stack']['k']"]
     assert new_state[0]["stack"]["k"].sharding.mesh.axis_names[0] == "stage"
+    assert exe.plan.stacked == (3, (0, 2, 4)) and "stacked leaves held per piece: 3" in exe.plan.summary()
     assert len(new_state[0]["stack"]["b"].sharding.device_set) == 2  # on its owner stage's submesh
 
 
@@ -91,13 +93,15 @@ def test_several_pieces_per_stage_and_a_global_norm_clip():
         assert x.shape[0] == L and x.sharding.mesh.axis_names[0] == "stage"
 
 
-def test_join_is_one_array_over_the_stages_and_cut_views_its_buffers():
+@pytest.mark.parametrize("spec,joined_spec", [(PartitionSpec(None, "y"), PartitionSpec("stage", "y")),
+                                               (PartitionSpec("y"), PartitionSpec(("stage", "y"), None))])
+def test_join_is_one_array_over_the_stages_and_cut_views_its_buffers(spec, joined_spec):
     devs = jax.devices()
     x = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
-    halves = [NamedSharding(Mesh(np.array(devs[2 * i:2 * i + 2]), ("y",)), PartitionSpec(None, "y")) for i in (0, 1)]
+    halves = [NamedSharding(Mesh(np.array(devs[2 * i:2 * i + 2]), ("y",)), spec) for i in (0, 1)]
     parts = [jax.device_put(x[:2], halves[0]), jax.device_put(x[2:], halves[1])]
     joined = stage_array(parts)
-    assert joined.sharding.spec == PartitionSpec("stage", "y") and len(joined.sharding.device_set) == 4
+    assert joined.sharding.spec == joined_spec and len(joined.sharding.device_set) == 4
     np.testing.assert_array_equal(np.asarray(joined), x)
     views = cut(joined, (0, 2, 4))
     for view, part in zip(views, parts):

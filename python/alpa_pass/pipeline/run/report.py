@@ -44,7 +44,8 @@ class PipelinePlan:
     """Attributes: stages (StageReport), num_layers, num_micro_batches, schedule name, ticks (per
     clock tick the (stage, kind, micro) tasks run), apply (ApplyReport per apply executable, in run
     order), timings, digest (hex sha256 of everything that decides what runs where: stages, their
-    devices, the schedule and every intra-op plan; equal on every process of a multi-process job)."""
+    devices, the schedule and every intra-op plan; equal on every process of a multi-process job),
+    stacked (how many stacked ``[L, ...]`` leaves the stages hold in pieces, and the pieces' bounds)."""
 
     stages: list
     num_layers: int
@@ -54,6 +55,7 @@ class PipelinePlan:
     apply: list
     timings: dict
     digest: str = ""
+    stacked: tuple = ()  # (user leaves cut into per-stage pieces, piece bounds along dim 0); () = none
 
     @classmethod
     def from_program(cls, program) -> "PipelinePlan":
@@ -63,9 +65,12 @@ class PipelinePlan:
         apply = [ApplyReport(a.site, a.program.phase, tuple(d.id for d in a.mesh.jax_mesh().devices.flat),
                              len(a.program.eqns), len(a.program.inputs[0]), len(a.program.inputs[1]),
                              len(a.program.inputs[2]), len(a.program.outputs[2]), a.plan) for a in program.apply]
+        split = program.split
+        stacked = () if split is None else (
+            len({i for i, j in split.inputs if j is not None}), tuple(split.bounds))
         return cls(stages, len(program.layers), program.method.num_micro_batches,
                    program.method.pipeline_schedule, program.ticks, apply, program.timings,
-                   _digest(program, stages))
+                   _digest(program, stages), stacked)
 
     @property
     def num_stages(self) -> int:
@@ -81,6 +86,9 @@ class PipelinePlan:
         console.print(f"[bold]alpa_pass pipeline plan[/bold]: {self.num_layers} layers, {self.num_stages} stages, "
                       f"{self.num_micro_batches} micro-batches, schedule {self.schedule} ({len(self.ticks)} ticks)")
         console.print("time: " + ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items()))
+        if self.stacked:
+            console.print(f"stacked leaves held per piece: {self.stacked[0]} (parameters and the optimizer "
+                          f"state updated with them), rows cut at {list(self.stacked[1])}")
         table = Table(title="stages")
         for col in ("stage", "layers", "submesh", "logical mesh", "devices", "fwd cost", "bwd cost"):
             table.add_column(col)
