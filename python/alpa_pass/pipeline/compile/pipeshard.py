@@ -5,6 +5,12 @@ a forward, a backward and an apply executable (the rest of the train step on tha
 parameters: its optimizer update), each planned by the intra-op planner on the stage's submesh;
 and, only when the step mixes values of several stages (global-norm clipping), a cross-stage
 apply executable on the whole cluster mesh for those equations (see ``apply_sites``).
+
+A loss whose layers are one scan over stacked ``[L, ...]`` parameters is cut into one scan per
+piece (``trace.scan_split``), then the step is rewritten over per-piece leaves
+(``trace.stacked_params``): each stage holds, differentiates and updates only its rows of every
+stacked parameter and of the optimizer state updated with it. ``PipeshardProgram.split`` says how
+the user's leaves map to those pieces; the executable cuts and joins them (``run.stacked``).
 """
 from __future__ import annotations
 

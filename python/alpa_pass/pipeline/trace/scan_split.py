@@ -11,6 +11,8 @@ iteration computes exactly what it did before.
 Why here (the forward loss jaxpr, before layers are cut): every stage's backward is ``jax.vjp`` of
 its own forward equations (``programs.stage``), so a sub-scan in a stage gets its backward scan from
 JAX's scan transpose; nothing downstream needs to know the stack was one scan.
+``stacked_params`` then turns the stacked inputs read only through these slices into one input
+per piece, so each stage holds only its rows.
 """
 from __future__ import annotations
 

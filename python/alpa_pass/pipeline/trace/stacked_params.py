@@ -111,8 +111,8 @@ def split_stacked_params(traced: TracedStep, bounds) -> tuple[TracedStep, StackS
 
 
 def _piece_read_inputs(traced: TracedStep, ranges) -> set:
-    """Marker input positions (not batch) whose loss input is read only by slices ``[a:b]`` of dim 0
-    with ``(a, b)`` one of ``ranges``."""
+    """Marker input positions (not batch, not PRNG keys) whose loss input is read only by slices
+    ``[a:b]`` of dim 0 with ``(a, b)`` one of ``ranges``."""
     jaxpr = traced.loss.jaxpr
     readers = {}
     for e in jaxpr.eqns:
@@ -122,7 +122,8 @@ def _piece_read_inputs(traced: TracedStep, ranges) -> set:
     outs = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
     found = set()
     for k, v in enumerate(jaxpr.invars):
-        if traced.batch_mask[k] or v in outs or not readers.get(v):
+        if (traced.batch_mask[k] or v in outs or not readers.get(v)
+                or jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended)):
             continue
         if all(_piece_range(e, v) in ranges for e in readers[v]):
             found.add(k)
