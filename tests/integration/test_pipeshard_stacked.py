@@ -22,28 +22,32 @@ from zoo.pipeline import make_step
 L = 4
 
 
-def make_loss(read_whole: bool):
+def make_loss(read_whole: bool, scale: bool = False):
     """``lax.scan`` over ``params["stack"]`` (``k [L, 8, 8]``, ``b [L, 8]``), then a linear head;
-    ``read_whole``: the loss also reads ``stack["b"]`` whole (an L2 penalty)."""
+    ``read_whole``: the loss also reads ``stack["b"]`` whole (an L2 penalty); ``scale``: the stack
+    is scaled before the scan (as a mixed-precision policy casts a param tree before applying it)."""
     def loss(params, batch):
         def body(h, p):
             return jnp.tanh(h @ p["k"] + p["b"]), None
 
-        h, _ = lax.scan(body, batch["x"], params["stack"])
+        stack = params["stack"]
+        if scale:
+            stack = jax.tree.map(lambda x: x * 0.5, stack)
+        h, _ = lax.scan(body, batch["x"], stack)
         out = jnp.mean((h @ params["head"] - batch["y"]) ** 2)
         return out + 1e-2 * jnp.sum(params["stack"]["b"] ** 2) if read_whole else out
 
     return loss
 
 
-def setup(optimizer, read_whole=False, steps=2):
+def setup(optimizer, read_whole=False, steps=2, scale=False):
     rng = np.random.default_rng(0)
     params = {"stack": {"k": rng.standard_normal((L, 8, 8), np.float32) * 0.4,
                         "b": rng.standard_normal((L, 8), np.float32) * 0.1},
               "head": rng.standard_normal((8, 2), np.float32) * 0.3}
     batches = [{"x": rng.standard_normal((8, 8), np.float32), "y": rng.standard_normal((8, 2), np.float32)}
                for _ in range(steps)]
-    return make_step(make_loss(read_whole), optimizer), (params, optimizer.init(params)), batches
+    return make_step(make_loss(read_whole, scale), optimizer), (params, optimizer.init(params)), batches
 
 
 def arg_shapes(compiled) -> Counter:
@@ -77,6 +81,16 @@ def test_a_stack_the_loss_also_reads_whole_keeps_one_owner():
     assert new_state[0]["stack"]["k"].sharding.mesh.axis_names[0] == "stage"
     assert exe.plan.stacked == (3, (0, 2, 4)) and "stacked leaves held per piece: 3" in exe.plan.summary()
     assert len(new_state[0]["stack"]["b"].sharding.device_set) == 2  # on its owner stage's submesh
+
+
+def test_a_stack_scaled_before_the_scan_is_scaled_per_piece_on_its_stage():
+    step_fn, state, batches = setup(default_optimizer(), scale=True)
+    exe, _ = run(step_fn, state, batches, stage_option=ap.UniformStageOption(num_stages=2))
+    assert len(cut_paths(exe, state)) == 6  # k, b and their Adam moments
+    for st in exe.program.stages:
+        assert arg_shapes(st.fwd)[(2, 8, 8)] == 1 and arg_shapes(st.fwd)[(L, 8, 8)] == 0
+        scales = [e for e in st.program.eqns if e.primitive.name == "mul" and e.outvars[0].aval.shape[0] == 2]
+        assert len(scales) == 2 and all(e.invars[0] in st.program.param_inputs for e in scales)
 
 
 def test_several_pieces_per_stage_and_a_global_norm_clip():

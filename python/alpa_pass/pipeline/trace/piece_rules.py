@@ -90,3 +90,51 @@ def combine(eqn, parts: list):
     for part in parts[1:]:
         total = op(total, part)
     return total
+
+
+class PieceValues:
+    """A jaxpr's values while it is evaluated again: whole (``env``) or in pieces (``pieces``: one
+    per range, in order); each form is made from the other when first asked for (slices / a
+    concatenation)."""
+
+    def __init__(self, ranges):
+        self.ranges, self.env, self.pieces = ranges, {}, {}
+        self.lazy = {}  # var -> f(j): piece j, computed when first read
+
+    def defer(self, eqn, rows) -> None:
+        """Run the ``"map"`` equation ``eqn`` per piece only where a piece of an output is read
+        (:meth:`piece`); ``rows``: per piece, its length."""
+        done = {}
+
+        def compute(j):
+            if j not in done:
+                done[j] = bind_piece(eqn, [self.operand(v, j) for v in eqn.invars], rows[j])
+            return done[j]
+
+        for k, v in enumerate(eqn.outvars):
+            self.lazy[v] = lambda j, k=k: compute(j)[k]
+
+    def piece(self, v, j: int):
+        if v not in self.pieces and v in self.lazy:
+            return self.lazy[v](j)
+        return self.pieces_of(v)[j]
+
+    def whole(self, v):
+        if isinstance(v, Literal):
+            return v.val
+        if v not in self.env:
+            parts = self.pieces[v] if v in self.pieces else [self.lazy[v](j) for j in range(len(self.ranges))]
+            self.env[v] = lax.concatenate(parts, 0)
+        return self.env[v]
+
+    def pieces_of(self, v) -> list:
+        if v not in self.pieces and v in self.lazy:
+            self.pieces[v] = [self.lazy[v](j) for j in range(len(self.ranges))]
+        elif v not in self.pieces:
+            x = self.whole(v)
+            self.pieces[v] = [lax.slice_in_dim(x, a, b, axis=0) for a, b in self.ranges]
+        return self.pieces[v]
+
+    def operand(self, v, j: int):
+        """Operand ``v`` of a per-piece equation for piece ``j`` (a scalar: whole)."""
+        return self.whole(v) if rank(v) == 0 else self.piece(v, j)

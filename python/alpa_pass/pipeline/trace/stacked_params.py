@@ -31,10 +31,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal, jaxpr_as_fun
 
-from alpa_pass.pipeline.trace import piece_rules
+from alpa_pass.pipeline.trace import piece_loss, piece_rules
 from alpa_pass.pipeline.trace.markers import grad_marker_p
 from alpa_pass.pipeline.trace.step import TracedStep, eval_eqns, num_aux
 
@@ -92,7 +91,7 @@ def split_stacked_params(traced: TracedStep, bounds) -> tuple[TracedStep, StackS
     bounds = tuple(int(b) for b in bounds)
     ranges = list(zip(bounds[:-1], bounds[1:]))
     length = bounds[-1]
-    piece_read = _piece_read_inputs(traced, ranges)
+    piece_read, chain = piece_loss.piece_read_inputs(traced.loss, traced.batch_mask, ranges)
     marker = traced.marker
     # a step input is split only when every marker input it feeds is read through the pieces
     fed = {}
@@ -107,40 +106,7 @@ def split_stacked_params(traced: TracedStep, bounds) -> tuple[TracedStep, StackS
     seeds = list(params) + [grads[k] for k in split_k if k in grads]
     rules, in_pieces = _propagate(eqns, seeds, length)
     cut = [v for v in traced.step.jaxpr.invars if v in params or (v not in fed and v in in_pieces)]
-    return _rewrite(traced, ranges, set(cut), split_k, rules, in_pieces)
-
-
-def _piece_read_inputs(traced: TracedStep, ranges) -> set:
-    """Marker input positions (not batch, not PRNG keys) whose loss input is read only by slices
-    ``[a:b]`` of dim 0 with ``(a, b)`` one of ``ranges``."""
-    jaxpr = traced.loss.jaxpr
-    readers = {}
-    for e in jaxpr.eqns:
-        for v in e.invars:
-            if not isinstance(v, Literal):
-                readers.setdefault(v, []).append(e)
-    outs = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
-    found = set()
-    for k, v in enumerate(jaxpr.invars):
-        if (traced.batch_mask[k] or v in outs or not readers.get(v)
-                or jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended)):
-            continue
-        if all(_piece_range(e, v) in ranges for e in readers[v]):
-            found.add(k)
-    return found
-
-
-def _piece_range(eqn, v):
-    """``(a, b)`` when ``eqn`` is ``v[a:b]`` along dim 0 (whole along the others), else None."""
-    if eqn.primitive.name != "slice" or eqn.invars[0] is not v:
-        return None
-    p, shape = eqn.params, tuple(v.aval.shape)
-    start, limit = tuple(p["start_indices"]), tuple(p["limit_indices"])
-    strides = p.get("strides")
-    if (strides is not None and any(s != 1 for s in strides)) or any(s != 0 for s in start[1:]) \
-            or limit[1:] != shape[1:]:
-        return None
-    return (int(start[0]), int(limit[0]))
+    return _rewrite(traced, ranges, set(cut), split_k, rules, in_pieces, chain)
 
 
 def _grad_vars(traced: TracedStep) -> dict:
@@ -183,10 +149,10 @@ def _propagate(eqns, seeds, length: int) -> tuple[dict, set]:
     return rules, in_pieces
 
 
-def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in_pieces: set):
+def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in_pieces: set, chain: set):
     step, marker, n = traced.step.jaxpr, traced.marker, len(ranges)
     rows = [b - a for a, b in ranges]
-    loss = _piece_loss(traced.loss, split_k, ranges)
+    loss = piece_loss.piece_loss(traced.loss, split_k, chain, ranges)
     info = _piece_info(traced, split_k, n, loss)
     inputs, user_avals = [], []
     for i, v in enumerate(step.invars):
@@ -198,7 +164,7 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
     outputs = []
 
     def run(*flat):
-        vals = _Values(ranges)
+        vals = piece_rules.PieceValues(ranges)
         vals.env.update(zip(step.constvars, traced.step.consts))
         it = iter(flat)
         for v in step.invars:
@@ -212,7 +178,7 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
                 continue
             rule = rules.get(eqn_index[id(e)])
             if rule == "map":
-                outs = [piece_rules.bind_piece(e, [vals.piece_operand(v, j) for v in e.invars], rows[j])
+                outs = [piece_rules.bind_piece(e, [vals.operand(v, j) for v in e.invars], rows[j])
                         for j in range(n)]
                 for k, v in enumerate(e.outvars):
                     vals.pieces[v] = [o[k] for o in outs]
@@ -247,31 +213,7 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
                            traced.out_tree)
 
 
-class _Values:
-    """A step's values while it is evaluated again: whole (``env``) or in pieces (``pieces``); each
-    form is made from the other when first asked for (slices / a concatenation)."""
-
-    def __init__(self, ranges):
-        self.ranges, self.env, self.pieces = ranges, {}, {}
-
-    def whole(self, v):
-        if isinstance(v, Literal):
-            return v.val
-        if v not in self.env:
-            self.env[v] = lax.concatenate(self.pieces[v], 0)
-        return self.env[v]
-
-    def pieces_of(self, v) -> list:
-        if v not in self.pieces:
-            x = self.whole(v)
-            self.pieces[v] = [lax.slice_in_dim(x, a, b, axis=0) for a, b in self.ranges]
-        return self.pieces[v]
-
-    def piece_operand(self, v, j: int):
-        return self.whole(v) if piece_rules.rank(v) == 0 else self.pieces_of(v)[j]
-
-
-def _run_marker(eqn, vals: _Values, split_k: set, info, n: int) -> None:
+def _run_marker(eqn, vals, split_k: set, info, n: int) -> None:
     ins = []
     for k, v in enumerate(eqn.invars):
         ins += vals.pieces_of(v) if k in split_k else [vals.whole(v)]
@@ -285,33 +227,6 @@ def _run_marker(eqn, vals: _Values, split_k: set, info, n: int) -> None:
             vals.pieces[v] = [next(outs) for _ in range(n)]
         else:
             vals.env[v] = next(outs)
-
-
-def _piece_loss(loss: ClosedJaxpr, split_k: set, ranges) -> ClosedJaxpr:
-    """``loss`` with each input in ``split_k`` replaced (in place) by one input per piece, read
-    where the loss sliced that piece."""
-    jaxpr = loss.jaxpr
-    avals = []
-    for k, v in enumerate(jaxpr.invars):
-        shapes = [(b - a, *v.aval.shape[1:]) for a, b in ranges] if k in split_k else [tuple(v.aval.shape)]
-        avals += [jax.ShapeDtypeStruct(s, v.aval.dtype, weak_type=v.aval.weak_type) for s in shapes]
-    split_vars = {jaxpr.invars[k] for k in split_k}
-
-    def run(*flat):
-        env, pieces, it = dict(zip(jaxpr.constvars, loss.consts)), {}, iter(flat)
-        for k, v in enumerate(jaxpr.invars):
-            if k in split_k:
-                pieces[v] = [next(it) for _ in ranges]
-            else:
-                env[v] = next(it)
-        for e in jaxpr.eqns:
-            if e.primitive.name == "slice" and e.invars[0] in split_vars:
-                env[e.outvars[0]] = pieces[e.invars[0]][ranges.index(_piece_range(e, e.invars[0]))]
-            else:
-                eval_eqns([e], env)
-        return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
-
-    return jax.make_jaxpr(run)(*avals)
 
 
 def _piece_info(traced: TracedStep, split_k: set, n: int, loss: ClosedJaxpr):
