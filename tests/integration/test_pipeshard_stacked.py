@@ -54,6 +54,10 @@ def arg_shapes(compiled) -> Counter:
     return Counter(tuple(a.shape) for a in jax.tree.leaves(compiled.args_info))
 
 
+def scan_lengths(stage) -> list:
+    return [int(e.params["length"]) for e in stage.program.eqns if e.primitive.name == "scan"]
+
+
 def cut_paths(exe, state) -> list:
     """Paths of the user leaves the step cut into per-piece leaves."""
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
@@ -98,8 +102,10 @@ def test_several_pieces_per_stage_and_a_global_norm_clip():
     step_fn, state, batches = setup(optimizer)
     exe, (new_state, _) = run(step_fn, state, batches, layer_option=ap.AutoLayerOption(layer_num=4),
                               stage_option=ap.UniformStageOption(num_stages=2))
-    assert exe.program.split.bounds == (0, 1, 2, 3, 4)
-    assert [arg_shapes(st.fwd)[(1, 8, 8)] for st in exe.program.stages] == [2, 2]  # two pieces each
+    # the stack is cut into 4 scans (one per layer); each stage's two pieces are merged into one
+    assert [scan_lengths(st) for st in exe.program.stages] == [[1, 1], [1, 1]]
+    assert exe.program.split.bounds == (0, 2, 4)
+    assert [arg_shapes(st.fwd)[(2, 8, 8)] for st in exe.program.stages] == [1, 1]
     # the norm's sums of squares run per piece on the stages; the cross-stage program adds scalars
     (cross,) = [a for a in exe.program.apply if a.site == "cross"]
     assert set(arg_shapes(cross.exe)) == {()}

@@ -18,6 +18,7 @@ import dataclasses
 import time
 
 import jax
+from jax.extend.core import Literal
 
 from alpa_pass.driver.jit import plan_and_compile
 from alpa_pass.driver.request import donated_leaves
@@ -31,6 +32,7 @@ from alpa_pass.pipeline.partition.stage_search import auto_stages
 from alpa_pass.pipeline.programs.apply import MarkerLayout, build_apply
 from alpa_pass.pipeline.programs.stage import StageFunctions, build_programs
 from alpa_pass.pipeline.trace.scan_split import check_splittable, layer_stack, piece_bounds, split_layer_stack
+from alpa_pass.pipeline.trace.piece_loss import merge_pieces
 from alpa_pass.pipeline.trace.stacked_params import StackSplit, split_stacked_params
 from alpa_pass.pipeline.trace.step import TracedStep, trace_step
 from alpa_pass.trace.lower import leaf_aval, output_ties
@@ -99,12 +101,8 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     ties = dict(output_ties(args, jax.tree.unflatten(traced.out_tree, [
         jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.step.jaxpr.outvars])))
     donated = set(donated_leaves(args, donate_argnums))
-    traced, bounds = _split_layer_stack(traced, method)
-    split = None
-    if bounds is not None:
-        traced, split = split_stacked_params(traced, bounds)
-    if split is not None:
-        ties, donated, leaves = split.map_ties(ties), split.map_leaves(donated), split.split_avals(traced)
+    base, bounds = _split_layer_stack(traced, method)
+    traced, split = (base, None) if bounds is None else split_stacked_params(base, bounds)
     layers = (layer_mod.manual_layers(traced.loss) if method.layer_option == "manual" else
               layer_mod.auto_layers(traced.loss, method.layer_option.layer_num, method.layer_option.eps))
     timings["trace"] = time.perf_counter() - t
@@ -113,6 +111,9 @@ def compile_pipeshard(fn, args, method, donate_argnums=()) -> PipeshardProgram:
     specs = _stage_specs(traced, layers, cluster, method)
     timings["stage_search"] = time.perf_counter() - t
     t = time.perf_counter()
+    if split is not None:
+        traced, split, layers = _merge_stage_pieces(base, traced, split, layers, specs)
+        ties, donated, leaves = split.map_ties(ties), split.map_leaves(donated), split.split_avals(traced)
     programs = build_programs(traced.loss, layers, [(s.start, s.stop) for s in specs], traced.info.diff_mask)
     consts = dict(zip(traced.loss.jaxpr.constvars, traced.loss.consts))
     marker_avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in traced.loss.jaxpr.invars]
@@ -148,6 +149,51 @@ def _split_layer_stack(traced: TracedStep, method) -> tuple[TracedStep, list | N
         return traced, None
     check_splittable(loss, pieces, wanted)
     return dataclasses.replace(traced, loss=split_layer_stack(loss, pieces)), piece_bounds(length, pieces)
+
+
+def _merge_stage_pieces(base: TracedStep, traced: TracedStep, split: StackSplit, layers, specs):
+    """``(traced, split, layers)`` with the stacked pieces each stage holds merged into one per
+    stage (one leaf, one update, no concatenation when the step's outputs are joined), cutting
+    into the same layers; unchanged when every stage holds at most one piece, or a piece is read
+    by several stages or none."""
+    groups = _stage_groups(traced, split, layers, specs)
+    if groups is None or len(groups) == len(split.ranges):
+        return traced, split, layers
+    loss = merge_pieces(traced.loss, set(split.marker_pieces), split.ranges, groups, layers)
+    merged, merged_split = split_stacked_params(base, [groups[0][0]] + [b for _, b in groups], loss)
+    merged_layers = layer_mod.manual_layers(merged.loss)
+    if merged_split is None or merged_split.marker_pieces != split.marker_pieces or len(merged_layers) != len(layers):
+        return traced, split, layers
+    return merged, merged_split, merged_layers
+
+
+def _stage_groups(traced: TracedStep, split: StackSplit, layers, specs) -> list | None:
+    """The pieces' ranges merged per stage holding them (stage order), or None when a piece is
+    read by no stage or by several."""
+    stage_of = {id(e): s for s, spec in enumerate(specs) for i in spec.layers for e in layers[i]}
+    n, invars = len(split.ranges), traced.loss.jaxpr.invars
+    readers = {}
+    for e in traced.loss.jaxpr.eqns:
+        for v in e.invars:
+            if not isinstance(v, Literal):
+                readers.setdefault(v, set()).add(stage_of.get(id(e)))
+    stages = [set() for _ in range(n)]
+    pos = 0
+    for k in range(len(invars) - (n - 1) * len(split.marker_pieces)):
+        width = n if k in split.marker_pieces else 1
+        if width == n:
+            for j in range(n):
+                stages[j] |= readers.get(invars[pos + j], set())
+        pos += width
+    if any(len(s) != 1 or None in s for s in stages):
+        return None
+    groups = []
+    for j, (a, b) in enumerate(split.ranges):
+        if j and stages[j] == stages[j - 1]:
+            groups[-1] = (groups[-1][0], b)
+        else:
+            groups.append((a, b))
+    return groups
 
 
 def _stage_specs(traced, layers, cluster, method):

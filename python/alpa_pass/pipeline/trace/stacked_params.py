@@ -48,12 +48,14 @@ class StackSplit:
       outputs: per user output leaf, the indices of its split-step outputs (one: whole; one per
         piece: its pieces in order).
       out_tree: the user's output treedef.
+      marker_pieces: the positions of the (original) marker inputs cut into pieces.
     """
 
     bounds: tuple
     inputs: tuple
     outputs: tuple
     out_tree: object
+    marker_pieces: tuple = ()
 
     @property
     def ranges(self) -> list:
@@ -86,8 +88,11 @@ class StackSplit:
                 for v in traced.step.jaxpr.invars]
 
 
-def split_stacked_params(traced: TracedStep, bounds) -> tuple[TracedStep, StackSplit | None]:
-    """See the module contract. ``bounds``: the loss's piece boundaries ``(0, ..., L)``."""
+def split_stacked_params(traced: TracedStep, bounds, loss: ClosedJaxpr | None = None
+                         ) -> tuple[TracedStep, StackSplit | None]:
+    """See the module contract. ``bounds``: the pieces' boundaries ``(0, ..., L)``; the loss's
+    slices must each lie within one piece. ``loss``: the loss over the pieces when already built
+    (``piece_loss.merge_pieces``); by default :func:`piece_loss.piece_loss`."""
     bounds = tuple(int(b) for b in bounds)
     ranges = list(zip(bounds[:-1], bounds[1:]))
     length = bounds[-1]
@@ -106,7 +111,9 @@ def split_stacked_params(traced: TracedStep, bounds) -> tuple[TracedStep, StackS
     seeds = list(params) + [grads[k] for k in split_k if k in grads]
     rules, in_pieces = _propagate(eqns, seeds, length)
     cut = [v for v in traced.step.jaxpr.invars if v in params or (v not in fed and v in in_pieces)]
-    return _rewrite(traced, ranges, set(cut), split_k, rules, in_pieces, chain)
+    if loss is None:
+        loss = piece_loss.piece_loss(traced.loss, split_k, chain, ranges)
+    return _rewrite(traced, ranges, set(cut), split_k, rules, in_pieces, loss)
 
 
 def _grad_vars(traced: TracedStep) -> dict:
@@ -149,10 +156,9 @@ def _propagate(eqns, seeds, length: int) -> tuple[dict, set]:
     return rules, in_pieces
 
 
-def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in_pieces: set, chain: set):
+def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in_pieces: set, loss):
     step, marker, n = traced.step.jaxpr, traced.marker, len(ranges)
     rows = [b - a for a, b in ranges]
-    loss = piece_loss.piece_loss(traced.loss, split_k, chain, ranges)
     info = _piece_info(traced, split_k, n, loss)
     inputs, user_avals = [], []
     for i, v in enumerate(step.invars):
@@ -210,7 +216,7 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
     out_tree = jax.tree.structure(tuple(range(len(new_step.jaxpr.outvars))))
     new = TracedStep(new_step, out_tree, new_marker, info, marker_arg, batch_mask, loss)
     return new, StackSplit(tuple([ranges[0][0]] + [b for _, b in ranges]), tuple(inputs), tuple(outputs),
-                           traced.out_tree)
+                           traced.out_tree, tuple(sorted(split_k)))
 
 
 def _run_marker(eqn, vals, split_k: set, info, n: int) -> None:
