@@ -22,10 +22,11 @@ from zoo.pipeline import make_step
 L = 4
 
 
-def make_loss(read_whole: bool, scale: bool = False):
+def make_loss(read_whole: bool, scale: bool = False, reverse: bool = False):
     """``lax.scan`` over ``params["stack"]`` (``k [L, 8, 8]``, ``b [L, 8]``), then a linear head;
     ``read_whole``: the loss also reads ``stack["b"]`` whole (an L2 penalty); ``scale``: the stack
-    is scaled before the scan (as a mixed-precision policy casts a param tree before applying it)."""
+    is scaled before the scan (as a mixed-precision policy casts a param tree before applying it);
+    ``reverse``: the scan runs its rows last to first."""
     def loss(params, batch):
         def body(h, p):
             return jnp.tanh(h @ p["k"] + p["b"]), None
@@ -33,21 +34,21 @@ def make_loss(read_whole: bool, scale: bool = False):
         stack = params["stack"]
         if scale:
             stack = jax.tree.map(lambda x: x * 0.5, stack)
-        h, _ = lax.scan(body, batch["x"], stack)
+        h, _ = lax.scan(body, batch["x"], stack, reverse=reverse)
         out = jnp.mean((h @ params["head"] - batch["y"]) ** 2)
         return out + 1e-2 * jnp.sum(params["stack"]["b"] ** 2) if read_whole else out
 
     return loss
 
 
-def setup(optimizer, read_whole=False, steps=2, scale=False):
+def setup(optimizer, read_whole=False, steps=2, scale=False, reverse=False, layers=L):
     rng = np.random.default_rng(0)
-    params = {"stack": {"k": rng.standard_normal((L, 8, 8), np.float32) * 0.4,
-                        "b": rng.standard_normal((L, 8), np.float32) * 0.1},
+    params = {"stack": {"k": rng.standard_normal((layers, 8, 8), np.float32) * 0.4,
+                        "b": rng.standard_normal((layers, 8), np.float32) * 0.1},
               "head": rng.standard_normal((8, 2), np.float32) * 0.3}
     batches = [{"x": rng.standard_normal((8, 8), np.float32), "y": rng.standard_normal((8, 2), np.float32)}
                for _ in range(steps)]
-    return make_step(make_loss(read_whole, scale), optimizer), (params, optimizer.init(params)), batches
+    return make_step(make_loss(read_whole, scale, reverse), optimizer), (params, optimizer.init(params)), batches
 
 
 def arg_shapes(compiled) -> Counter:
@@ -111,6 +112,20 @@ def test_several_pieces_per_stage_and_a_global_norm_clip():
     assert set(arg_shapes(cross.exe)) == {()}
     for x in jax.tree.leaves(new_state[0]["stack"]):
         assert x.shape[0] == L and x.sharding.mesh.axis_names[0] == "stage"
+
+
+def test_a_reverse_scan_cut_into_more_layers_than_stages():
+    """6 rows run last to first, one layer each, 3 layers per stage: stage 0 runs rows 5, 4, 3 and
+    holds them as one [3, ...] piece; the returned array's first stage slab is stage 1's devices."""
+    step_fn, state, batches = setup(default_optimizer(), reverse=True, layers=6)
+    exe, (new_state, _) = run(step_fn, state, batches, stage_option=ap.ManualStageOption(
+        ((0, 1, 2), (3, 4, 5)), ((1, 2), (1, 2))))
+    assert [scan_lengths(st) for st in exe.program.stages] == [[1, 1, 1], [1, 1, 1]]
+    assert exe.program.split.bounds == (0, 3, 6)
+    assert [arg_shapes(st.fwd)[(3, 8, 8)] for st in exe.program.stages] == [1, 1]
+    k = new_state[0]["stack"]["k"]
+    slabs = [set(np.asarray(k.sharding.mesh.devices)[g].flat) for g in range(2)]
+    assert slabs == [set(st.spec.mesh.devices) for st in reversed(exe.program.stages)]
 
 
 @pytest.mark.parametrize("spec,joined_spec", [(PartitionSpec(None, "y"), PartitionSpec("stage", "y")),
