@@ -2,7 +2,8 @@
 leaves the stages hold (``trace.stacked_params``), and the pieces joined back into one array.
 
 **Join** (step outputs). Pieces on the same stage are first concatenated there (a copy inside the
-stage's devices; none when each stage holds one piece). When every stage's block has the same
+stage's devices; none when each stage holds one piece, as ``compile.pipeshard`` arranges whenever
+no piece is read by several stages). When every stage's block has the same
 shape, the same layout on a submesh of the same shape, and the stages' devices are disjoint, the
 result is one global ``jax.Array`` over the union of the stages' devices: a mesh with a leading
 ``"stage"`` axis, dim 0 split over it (then as the block was), built from the blocks' buffers with

@@ -5,9 +5,10 @@ reads ``xs[a:b]`` of the stacked parameters; the stack itself is still one step 
 one stage, its gradient summed and its optimizer state updated there. This pass rewrites the step
 so that every stage holds only its pieces:
 
-* **loss**: a marker input read only through the pieces' slices (``xs[a:b]`` for ranges of the
-  split) becomes one marker input per piece (the slices disappear); every other marker input
-  stays whole (a stack the loss also reads whole keeps the single-owner path);
+* **loss** (``piece_loss``): a marker input read only through the pieces' slices (``xs[a:b]``
+  within one piece, maybe after row-wise ``"map"`` equations such as a cast) becomes one marker
+  input per piece; every other marker input stays whole (a stack the loss also reads whole keeps
+  the single-owner path);
 * **step inputs**: those stacked parameters, and every step input the optimizer update combines
   with them row by row (Adam's ``mu``/``nu``), become one step leaf per piece;
 * **apply** (split propagation): an equation with a per-piece form (``piece_rules``: elementwise,
@@ -24,7 +25,8 @@ gradient (a union-find over the apply's equations); step inputs in such a group 
 Contract: ``split_stacked_params(traced, bounds)`` returns ``(traced', split)``: ``traced'`` a
 TracedStep of the same step over the split leaves (its ``out_tree`` flat over the split outputs),
 ``split`` the ``StackSplit`` mapping the user's leaves to them; ``(traced, None)`` when no marker
-input is read only through the pieces.
+input is read only through the pieces. The pieces are ``bounds``' ranges: first one per scan
+piece; ``compile.pipeshard`` merges those one stage holds once the stages are known.
 """
 from __future__ import annotations
 
@@ -182,19 +184,7 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
             if e is marker:
                 _run_marker(e, vals, split_k, info, n)
                 continue
-            rule = rules.get(eqn_index[id(e)])
-            if rule == "map":
-                outs = [piece_rules.bind_piece(e, [vals.operand(v, j) for v in e.invars], rows[j])
-                        for j in range(n)]
-                for k, v in enumerate(e.outvars):
-                    vals.pieces[v] = [o[k] for o in outs]
-            elif rule == "reduce":
-                parts = [piece_rules.bind_piece(e, [vals.pieces_of(e.invars[0])[j]], rows[j])[0] for j in range(n)]
-                vals.env[e.outvars[0]] = piece_rules.combine(e, parts)
-            else:
-                for v in e.invars:
-                    vals.whole(v)
-                eval_eqns([e], vals.env)
+            _run_eqn(e, rules.get(eqn_index[id(e)]), vals, rows)
         out = []
         outputs.clear()
         for v in step.outvars:
@@ -205,18 +195,38 @@ def _rewrite(traced: TracedStep, ranges, cut: set, split_k: set, rules: dict, in
 
     new_step = jax.make_jaxpr(run)(*user_avals)
     new_marker = next(e for e in new_step.jaxpr.eqns if e.primitive is grad_marker_p)
-    leaves = {}
-    for j, (i, _) in enumerate(inputs):
-        leaves.setdefault(i, []).append(j)
+    split = StackSplit(tuple([ranges[0][0]] + [b for _, b in ranges]), tuple(inputs), tuple(outputs),
+                       traced.out_tree, tuple(sorted(split_k)))
+    marker_arg, batch_mask = _marker_args(traced, split)
+    out_tree = jax.tree.structure(tuple(range(len(new_step.jaxpr.outvars))))
+    return TracedStep(new_step, out_tree, new_marker, info, marker_arg, batch_mask, loss), split
+
+
+def _marker_args(traced: TracedStep, split: StackSplit) -> tuple[list, list]:
+    """The split step's ``marker_arg`` and ``batch_mask`` (a cut marker input: one per piece)."""
+    leaves = split.leaves_of()
     marker_arg, batch_mask = [], []
     for k, i in enumerate(traced.marker_arg):
-        ks = leaves[i] if k in split_k else leaves[i][:1]
+        ks = leaves[i] if k in split.marker_pieces else leaves[i][:1]
         marker_arg += ks
         batch_mask += [traced.batch_mask[k]] * len(ks)
-    out_tree = jax.tree.structure(tuple(range(len(new_step.jaxpr.outvars))))
-    new = TracedStep(new_step, out_tree, new_marker, info, marker_arg, batch_mask, loss)
-    return new, StackSplit(tuple([ranges[0][0]] + [b for _, b in ranges]), tuple(inputs), tuple(outputs),
-                           traced.out_tree, tuple(sorted(split_k)))
+    return marker_arg, batch_mask
+
+
+def _run_eqn(eqn, rule, vals, rows) -> None:
+    """Evaluate one apply equation: per piece (``rule`` "map"), per piece then combined
+    ("reduce"), or on whole values (None)."""
+    if rule == "map":
+        outs = [piece_rules.bind_piece(eqn, [vals.operand(v, j) for v in eqn.invars], r) for j, r in enumerate(rows)]
+        for k, v in enumerate(eqn.outvars):
+            vals.pieces[v] = [o[k] for o in outs]
+    elif rule == "reduce":
+        parts = [piece_rules.bind_piece(eqn, [x], r)[0] for x, r in zip(vals.pieces_of(eqn.invars[0]), rows)]
+        vals.env[eqn.outvars[0]] = piece_rules.combine(eqn, parts)
+    else:
+        for v in eqn.invars:
+            vals.whole(v)
+        eval_eqns([eqn], vals.env)
 
 
 def _run_marker(eqn, vals, split_k: set, info, n: int) -> None:
