@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import alpa_pass as ap
-from alpa_pass.pipeline.run.stacked import cut, join, stage_array
+from alpa_pass.pipeline.run.stacked import cut, cut_inputs, join, stage_array
 from tests.helpers import assert_same_run, reference_run, run_steps
 from zoo import default_optimizer
 from zoo.pipeline import make_step
@@ -126,6 +126,20 @@ def test_a_reverse_scan_cut_into_more_layers_than_stages():
     k = new_state[0]["stack"]["k"]
     slabs = [set(np.asarray(k.sharding.mesh.devices)[g].flat) for g in range(2)]
     assert slabs == [set(st.spec.mesh.devices) for st in reversed(exe.program.stages)]
+    # fed back, each piece is a view already laid out as its stage's programs read it: no transfer
+    p = exe.program
+    leaves = cut_inputs(p.split, jax.tree.leaves((new_state, batches[0])))
+    index = {v: i for i, v in enumerate(p.traced.step.jaxpr.invars)}
+    cut = {j for j, (_, piece) in enumerate(p.split.inputs) if piece is not None}
+    wanted = [(k, sh) for a in p.apply for k, sh in zip(a.program.flat_inputs, a.in_shardings) if index.get(k) in cut]
+    for st in p.stages:
+        for v, sh in zip((*st.program.diff_inputs, *st.program.nondiff_inputs), st.in_shardings("fwd")):
+            kind, src = st.program.sources[v]
+            if kind == "arg" and p.traced.marker_arg[src] in cut:
+                wanted.append((p.traced.step.jaxpr.invars[p.traced.marker_arg[src]], sh))
+    assert len(wanted) == 2 * 6 + 2 * 2  # per stage: k, b and their mu, nu (apply); k, b (forward)
+    for v, sh in wanted:
+        assert leaves[index[v]].sharding.is_equivalent_to(sh, leaves[index[v]].ndim)
 
 
 @pytest.mark.parametrize("spec,joined_spec", [(PartitionSpec(None, "y"), PartitionSpec("stage", "y")),
