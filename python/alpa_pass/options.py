@@ -52,6 +52,12 @@ class AutoShardingOption:
         any machine; ``None``: no limit. Every ILP of the test suite and the benchmarks solves
         to optimality well under the default.
       solver_rel_gap: HiGHS relative MIP gap at which to stop.
+      solver_support_gap: for each solve with memory-budget rows: solve the LP relaxation, then
+        the ILP restricted to the strategies the LP uses; a plan within this relative gap of the LP
+        bound is kept (``plan.mip_gap`` says the gap; ``plan.solver_status`` "LP-support plan"),
+        else it starts the full solve. Deterministic. ``None``: always the full solve (which, on a
+        large model with a binding budget, may take an hour within the node limit). See
+        ``solve.highs.SolveOptions.support_gap``.
       solver_threads: HiGHS threads (1, the default, keeps results deterministic: HiGHS then runs
         with a fixed random seed on one thread; more threads may change which optimum is returned).
       solver_log: print HiGHS's log to the terminal.
@@ -117,6 +123,7 @@ class AutoShardingOption:
     solver_time_limit_s: float | None = None
     solver_node_limit: int | None = 10_000
     solver_rel_gap: float = 1e-4
+    solver_support_gap: float | None = 0.1
     solver_threads: int = 1
     solver_log: bool = dataclasses.field(default=False, metadata=_SHOWN_ONLY)
     solver_objective_bound: float | None = dataclasses.field(default=None, metadata=_SHOWN_ONLY)
@@ -150,6 +157,9 @@ class AutoShardingOption:
                                                    self.solver_node_limit < 1):
             raise OptionError(f"AutoShardingOption.solver_node_limit must be an int >= 1 or None, "
                               f"got {self.solver_node_limit!r}")
+        if self.solver_support_gap is not None and not 0 <= self.solver_support_gap < 1:
+            raise OptionError(f"AutoShardingOption.solver_support_gap must be in [0, 1) or None, "
+                              f"got {self.solver_support_gap!r}")
         if not 0 <= self.solver_rel_gap < 1:
             raise OptionError(f"AutoShardingOption.solver_rel_gap must be in [0, 1), got {self.solver_rel_gap}")
         if self.compute_cost_per_flop < 0 or self.memory_cost_per_byte < 0:
@@ -209,7 +219,7 @@ class AutoShardingOption:
         return SolveOptions(time_limit_s=self.solver_time_limit_s, node_limit=self.solver_node_limit,
                             rel_gap=self.solver_rel_gap, threads=self.solver_threads,
                             log_to_console=self.solver_log, objective_bound=self.solver_objective_bound,
-                            eliminate_chains=True)
+                            eliminate_chains=True, support_gap=self.solver_support_gap)
 
     def planning_fields(self) -> dict:
         """The fields that change what is planned, as a JSON-ready dict (``Plan.made_with``

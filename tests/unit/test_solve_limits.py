@@ -34,7 +34,7 @@ def test_default_solves_have_no_wall_clock_limit():
     assert SolveOptions().time_limit_s is None and SolveOptions().node_limit is None
     assert solve.eliminate_chains  # the main solve is reduced exactly (AutoShardingOption.solve_options)
     assert ap.AutoShardingOption(solver_time_limit_s=5.0, solver_node_limit=None).solve_options() == \
-        SolveOptions(time_limit_s=5.0, node_limit=None, eliminate_chains=True)
+        SolveOptions(time_limit_s=5.0, node_limit=None, eliminate_chains=True, support_gap=0.1)
 
 
 def test_node_limited_solve_is_deterministic_and_says_so():
@@ -53,7 +53,43 @@ def test_node_limited_solve_is_deterministic_and_says_so():
 @pytest.mark.parametrize("field,value", [
     ("solver_time_limit_s", 0), ("solver_time_limit_s", -1.0),
     ("solver_node_limit", 0), ("solver_node_limit", 2.5), ("solver_node_limit", True),
+    ("solver_support_gap", -0.1), ("solver_support_gap", 1.0),
 ])
 def test_limit_options_are_validated(field, value):
     with pytest.raises(OptionError, match=field):
         ap.AutoShardingOption(**{field: value})
+
+
+def _budgeted_frustrated_ilp(upper: float):
+    """``_frustrated_ilp`` plus one budget row (a random size per strategy, sum <= ``upper``)."""
+    rng = np.random.default_rng(0)
+    groups = [rng.uniform(0, 1, 3) for _ in range(8)]
+    edges = [(u, v, rng.uniform(0, 10, (3, 3))) for u, v in itertools.combinations(range(8), 2)]
+    sizes = rng.uniform(1, 4, (8, 3))
+    row = (np.repeat(np.arange(8), 3), np.tile(np.arange(3), 8), sizes.ravel(), -np.inf, upper)
+    return _core.build_ilp(groups, edges, rows=[row]), sizes
+
+
+def test_support_plan_is_feasible_and_its_gap_bounds_the_optimum():
+    """``SolveOptions.support_gap``: with a budget row, the plan of the MIP restricted to the LP
+    relaxation's strategies is kept when within the gap of the LP bound (status says so); its
+    ``mip_gap`` is measured from a lower bound, so the optimum (brute force) is within it. With
+    ``support_gap=0`` or ``None`` the full solve returns the optimum."""
+    ilp, sizes = _budgeted_frustrated_ilp(upper=16.9)
+    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
+    feasible = [a for a in plans if sizes[np.arange(8), a].sum() <= 16.9]
+    assert 0 < len(feasible) < len(plans) / 100, "the budget must bind"
+    best = min(_core.evaluate(ilp, a).objective for a in feasible)
+    free = min(_core.evaluate(ilp, a).objective for a in plans)
+    assert best > free * 1.05, "the budget must change the optimum"
+    kept = solve_ilp(ilp, SolveOptions(support_gap=0.5, eliminate_chains=True))
+    assert kept.status == "LP-support plan" and 0 < kept.mip_gap <= 0.5 and not kept.optimal
+    assert sizes[np.arange(8), kept.assignment].sum() <= 16.9 + 1e-9
+    assert not _core.evaluate(ilp, kept.assignment).violations
+    assert kept.objective > best + 1e-6  # this case: the support's plan is not the optimum
+    assert kept.objective * (1 - kept.mip_gap) <= best + 1e-9  # the gap is to a lower bound
+    for gap in (0.0, None):
+        full = solve_ilp(ilp, SolveOptions(support_gap=gap, rel_gap=0.0, eliminate_chains=True))
+        assert full.status == "Optimal" and full.objective == pytest.approx(best, rel=1e-9)
+    again = solve_ilp(ilp, SolveOptions(support_gap=0.5, eliminate_chains=True))
+    assert np.array_equal(again.assignment, kept.assignment) and again.objective == kept.objective

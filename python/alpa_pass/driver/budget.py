@@ -195,8 +195,8 @@ def least_memory_plan(problem, options: SolveOptions) -> tuple | None:
     """(peak bytes, assignment) of the plan of ``problem`` with the least per-device peak (None if
     no plan exists at all, e.g. contradictory ties): "minimise M, every memory row <= M" (same
     one-hot and tie constraints, no costs), within the solver's gap of the optimum."""
-    try:
-        solution = solve_ilp(_core.min_max_row_problem(problem.ilp), options)
+    try:  # the least peak itself, not an estimate within the support gap
+        solution = solve_ilp(_core.min_max_row_problem(problem.ilp), dataclasses.replace(options, support_gap=None))
     except (InfeasibleError, SolverError):
         return None
     return float(problem.predicted_peak(solution.assignment)[0]), solution.assignment

@@ -29,6 +29,7 @@ from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan import serialize
 from alpa_pass.plan.plan import Plan, build_plan
+from alpa_pass.solve import highs
 from alpa_pass.runtime.multiprocess import check_same_plan
 
 log = logging.getLogger("alpa_pass")
@@ -242,6 +243,10 @@ def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
         log.warning("alpa_pass: the ILP solve on mesh %s hit solver_time_limit_s=%g (gap %.2g): the plan "
                     "depends on this machine's speed and load; set AutoShardingOption(solver_time_limit_s=None) "
                     "for a plan that does not", where, option.solver_time_limit_s, solution.mip_gap)
+    elif solution.status == highs.SUPPORT_STATUS and not solution.optimal:
+        log.info("alpa_pass: the budgeted solve on mesh %s kept the plan of its LP support (gap %.2g to the LP "
+                 "bound, solver_support_gap=%g); AutoShardingOption(solver_support_gap=None) solves the full ILP",
+                 where, solution.mip_gap, option.solver_support_gap)
     elif solution.node_limited:
         log.info("alpa_pass: the ILP solve on mesh %s stopped at solver_node_limit=%d (gap %.2g)",
                  where, option.solver_node_limit, solution.mip_gap)
