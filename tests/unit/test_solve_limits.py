@@ -14,6 +14,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.errors import OptionError
+from alpa_pass.solve import highs
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
 
@@ -93,3 +94,29 @@ def test_support_plan_is_feasible_and_its_gap_bounds_the_optimum():
         assert full.status == "Optimal" and full.objective == pytest.approx(best, rel=1e-9)
     again = solve_ilp(ilp, SolveOptions(support_gap=0.5, eliminate_chains=True))
     assert np.array_equal(again.assignment, kept.assignment) and again.objective == kept.objective
+
+
+def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
+    """The LP-support step adds memory rows lazily (``SUPPORT_ROWS_PER_ROUND``): one per round
+    here, on 4 budget rows; its LP bound is the LP bound with every row, and its plan meets them
+    all."""
+    rng = np.random.default_rng(1)
+    groups = [rng.uniform(0, 1, 3) for _ in range(8)]
+    edges = [(u, v, rng.uniform(0, 10, (3, 3))) for u, v in itertools.combinations(range(8), 2)]
+    sizes = rng.uniform(1, 4, (4, 8, 3))
+    rows = [(np.repeat(np.arange(8), 3), np.tile(np.arange(3), 8), sizes[r].ravel(), -np.inf, 18.0)
+            for r in range(4)]
+    ilp = _core.build_ilp(groups, edges, rows=rows)
+    model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
+    monkeypatch.setattr(highs, "SUPPORT_ROWS_PER_ROUND", 1)
+    found = highs._support_plan(model, SolveOptions())
+    assert found is not None
+    x, bound, gap = found
+    assert bound == pytest.approx(highs.lp_bound(ilp), rel=1e-9)
+    assignment = np.asarray(_core.decode_assignment(ilp, x))
+    loads = sizes[:, np.arange(8), assignment].sum(axis=1)
+    assert (loads <= 18.0 + 1e-9).all() and not _core.evaluate(ilp, assignment).violations
+    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
+    best = min(_core.evaluate(ilp, a).objective for a in plans
+               if (sizes[:, np.arange(8), a].sum(axis=1) <= 18.0).all())
+    assert bound <= best + 1e-9 <= _core.evaluate(ilp, assignment).objective + 2e-9
