@@ -189,3 +189,35 @@ def test_dot_flops_counts_a_loop_body_once_per_iteration():
     for fn, dots in ((scanned, 12), (unrolled, 11)):
         text = jax.jit(jax.grad(fn)).lower(jnp.ones((4, 32, 32)), jnp.ones((8, 32))).compile().as_text()
         assert dot_flops(text) == dots * one
+
+
+def test_layer_stack_inside_an_inner_jit_is_peeled_like_a_top_level_one():
+    """A loss under its own ``jax.jit`` inside the step (``value_and_grad(jax.jit(loss))``): the
+    scan and its backward loop sit inside jit calls; those calls are inlined and the backward loop
+    peeled as at the top level (``trace/scan_peel.py``, ``trace/inline.py``): the same ILP and
+    objective as the plain step, and the same losses as single-device ``jax.jit``."""
+    from alpa_pass.trace.scan_peel import peel_layer_scans
+    from zoo import train_step_for
+
+    config = _config("lax")
+    plain, state, batches = _setup(config)
+    inner = train_step_for(jax.jit(gpt_scan.make_loss_fn(config)), OPT)
+    text = str(jax.make_jaxpr(inner)(state, batches[0]))
+    assert "jit" in text and text.index("jit") < text.index("scan"), "the scan must sit inside a jit call"
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    plans = [ap.parallelize(f, method=ap.ShardParallel(mesh=mesh)).plan(state, batches[0]) for f in (plain, inner)]
+    assert plans[1].objective == pytest.approx(plans[0].objective, rel=1e-9)
+    assert plans[1].ilp_size["columns"] == plans[0].ilp_size["columns"]
+    # peeled: both top-level programs run the backward loop for 3 of its 4 iterations
+    def scan_lengths(f):
+        peeled = peel_layer_scans(jax.make_jaxpr(f)(state, batches[0]))
+        assert peeled is not None
+        return [int(e.params["length"]) for e in peeled.jaxpr.eqns if e.primitive.name == "scan" and e.params["reverse"]]
+    assert scan_lengths(inner) == scan_lengths(plain) == [3]  # (the forward scan stays in its jit call)
+    step = ap.parallelize(inner, method=ap.ShardParallel(mesh=mesh))
+    ref = jax.jit(plain)
+    s, r = state, jax.device_put(state, jax.devices()[0])
+    for batch in batches:
+        s, loss = step(s, batch)
+        r, ref_loss = ref(r, jax.device_put(batch, jax.devices()[0]))
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5, atol=1e-6)

@@ -22,10 +22,13 @@ well changes nothing (973563, 776260). Only the refined (unmerged) flax_remat pl
 from the extra copies (800893 -> 797328, 0.4%).
 
 Which scans (the rule, :func:`is_layer_stack`): a reverse ``scan`` at the top level of the
-function (not inside a ``jit``/``pjit`` call, a ``cond`` or another loop) with at least
-:data:`MIN_LENGTH` iterations that walks over a floating-point argument of the function as it was
-passed (the stacked ``[L, ...]`` parameters). Forward scans (gradient accumulation over
-micro-batches, a forward layer stack, ``fori_loop``) and short loops are left alone.
+function (not inside a ``cond`` or another loop) with at least :data:`MIN_LENGTH` iterations
+that walks over a floating-point argument of the function as it was passed (the stacked
+``[L, ...]`` parameters). A scan inside a nested ``jax.jit`` (a jitted loss, ``jax.jit(model.apply)``,
+jax's own transposed call) counts too when the arguments it walks over are passed straight
+through, and that call states no shardings: such calls are inlined first (``trace.inline``).
+Forward scans (gradient accumulation over micro-batches, a forward layer stack, ``fori_loop``)
+and short loops are left alone.
 
 Cost: one more copy of the backward loop body in the module, in the ILP (about +60% columns on
 the 24-layer 8x8 benchmark GPT, planning 4 -> 8 s at 24 layers, 4 -> 9 s at 48) and in XLA's compile; the copy is a
@@ -40,6 +43,7 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
 from alpa_pass import _compat
+from alpa_pass.trace.inline import bind_eqn, call_body, inline_calls, unconstrained
 
 MIN_LENGTH = 3  # fewer iterations: a loop of one body left, hardly a layer stack
 
@@ -58,14 +62,38 @@ def is_layer_stack(eqn, args: set) -> bool:
 
 
 def has_layer_stack(jaxpr) -> bool:
-    """Whether the (open) jaxpr ``jaxpr`` has a scan :func:`peel_layer_scans` would peel."""
+    """Whether the (open) jaxpr ``jaxpr`` has a scan :func:`peel_layer_scans` would peel (at its
+    top level or inside a call it would inline)."""
     args = set(jaxpr.invars)
-    return any(is_layer_stack(e, args) for e in jaxpr.eqns)
+    return any(is_layer_stack(e, args) or _holds_stack(e, args) for e in jaxpr.eqns)
+
+
+def _holds_stack(eqn, args: set) -> bool:
+    """Whether ``eqn`` is an unconstrained call whose body (or a call in it, at any depth) has a
+    layer stack over values that are the outer function's arguments passed straight in."""
+    body = call_body(eqn)
+    if body is None or not unconstrained(eqn):
+        return False
+    inner = {w for v, w in zip(eqn.invars, body.jaxpr.invars) if not isinstance(v, Literal) and v in args}
+    return bool(inner) and any(is_layer_stack(e, inner) or _holds_stack(e, inner) for e in body.jaxpr.eqns)
+
+
+def _may_hold_stack(eqn) -> bool:
+    """Whether ``eqn`` is an unconstrained call with a long reverse scan at the top level of its
+    body or of a call in it (inlined: which of them are layer stacks is decided after)."""
+    body = call_body(eqn)
+    if body is None or not unconstrained(eqn):
+        return False
+    return any((e.primitive.name == "scan" and _compat.scan_info(e)[1] and _compat.scan_info(e)[0] >= MIN_LENGTH)
+               or _may_hold_stack(e) for e in body.jaxpr.eqns)
 
 
 def peel_layer_scans(closed: ClosedJaxpr) -> ClosedJaxpr | None:
     """``closed`` with every layer-stack scan (:func:`is_layer_stack`) peeled, or None when it has
-    none (nothing to rewrite)."""
+    none (nothing to rewrite). Calls holding one are inlined first."""
+    args = set(closed.jaxpr.invars)
+    if any(_holds_stack(e, args) for e in closed.jaxpr.eqns):
+        closed = inline_calls(closed, should=_may_hold_stack)
     jaxpr = closed.jaxpr
     args = set(jaxpr.invars)
     stacks = {id(e) for e in jaxpr.eqns if is_layer_stack(e, args)}
@@ -84,7 +112,7 @@ def peel_layer_scans(closed: ClosedJaxpr) -> ClosedJaxpr | None:
                 with _compat.eqn_source(eqn):
                     env.update(zip(eqn.outvars, _peel_last(eqn, list(map(read, eqn.invars)))))
             else:
-                _bind(eqn, env, list(map(read, eqn.invars)))
+                bind_eqn(eqn, env, list(map(read, eqn.invars)))
         return [read(v) for v in jaxpr.outvars]
 
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in jaxpr.invars]
@@ -98,16 +126,8 @@ def eval_closed(closed: ClosedJaxpr, *args) -> list:
     env = dict(zip(closed.jaxpr.constvars, closed.consts))
     env.update(zip(closed.jaxpr.invars, args))
     for eqn in closed.jaxpr.eqns:
-        _bind(eqn, env, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])
+        bind_eqn(eqn, env, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars])
     return [v.val if isinstance(v, Literal) else env[v] for v in closed.jaxpr.outvars]
-
-
-def _bind(eqn, env: dict, invals: list) -> None:
-    """Bind ``eqn``'s primitive on ``invals`` (at the user's source location), its outputs into ``env``."""
-    subfuns, params = _compat.bind_params(eqn)
-    with _compat.eqn_source(eqn):
-        outs = eqn.primitive.bind(*subfuns, *invals, **params)
-    env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
 
 
 def _peel_last(eqn, invals) -> list:

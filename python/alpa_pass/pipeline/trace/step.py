@@ -18,6 +18,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, subjaxprs
 from alpa_pass.errors import TraceError
 from alpa_pass.pipeline.trace.markers import GradInfo, boundary_p, grad_marker_p, recording_boundaries, recording_grads
 from alpa_pass.trace.lower import fn_name, leaf_aval
+from alpa_pass.trace import inline as trace_inline
 
 
 @dataclasses.dataclass
@@ -113,9 +114,6 @@ def trace_step(fn, args, batch_argnums, loss_avals) -> TracedStep:
     return TracedStep(step, trees["out"], marker, info, marker_arg, batch_mask, loss)
 
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call")
-
-
 def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     """``closed`` with its top-level jit calls inlined (recursively), the marker's untouched.
 
@@ -124,31 +122,7 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     would otherwise be one equation reading every stage's optimizer state, forced onto the whole
     mesh. Re-traced from the same avals, so the result computes exactly what ``closed`` does.
     """
-    if not any(e.primitive.name in _CALLS for e in closed.jaxpr.eqns):
-        return closed
-    jaxpr = closed.jaxpr
-
-    def run(*args):
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
-        _eval_inlined(jaxpr.eqns, env)
-        return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
-
-    return jax.make_jaxpr(run)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
-                                 for v in jaxpr.invars])
-
-
-def _eval_inlined(eqns, env: dict) -> None:
-    for eqn in eqns:
-        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if eqn.primitive.name not in _CALLS or inner is None or contains_primitive(eqn, grad_marker_p):
-            eval_eqns([eqn], env)
-            continue
-        inner_jaxpr, consts = (inner.jaxpr, inner.consts) if isinstance(inner, ClosedJaxpr) else (inner, ())
-        sub = dict(zip(inner_jaxpr.constvars, consts))
-        sub.update(zip(inner_jaxpr.invars, [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]))
-        _eval_inlined(inner_jaxpr.eqns, sub)
-        env.update(zip(eqn.outvars, [v.val if isinstance(v, Literal) else sub[v] for v in inner_jaxpr.outvars]))
+    return trace_inline.inline_calls(closed, should=lambda eqn: not contains_primitive(eqn, grad_marker_p))
 
 
 def _the_marker(step: ClosedJaxpr, fn):
