@@ -115,7 +115,7 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         if support is not None and support[2] <= options.support_gap:
             x, bound, gap = support
             return _solution(problem, reduced, model, x, SUPPORT_STATUS, gap <= options.rel_gap, gap,
-                             time.perf_counter() - t0, "")
+                             time.perf_counter() - t0, _read_and_remove(log_path))
         if support is not None:
             _set_start(h, model, _groups_of(model, support[0]), highspy)
     _run(h, highspy)
