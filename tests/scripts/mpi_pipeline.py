@@ -16,7 +16,7 @@ import numpy as np
 
 import alpa_pass as ap
 from zoo import default_optimizer, gpt, setup
-from zoo.pipeline import make_gpt_loss, make_step
+from zoo.pipeline import make_gpt_loss, make_step, train_and_save
 
 CONFIG = gpt.Config(layers=2, tied=False)
 
@@ -33,29 +33,20 @@ def make_data(optimizer, steps):
 
 
 def main(out, steps, schedule):
-    from alpa_pass.runtime.multiprocess import gather_digests, global_to_host
-
     optimizer = default_optimizer()
     state, batches = make_data(optimizer, steps)
     method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, jax.device_count() // 2)), num_micro_batches=2,
                                   layer_option="manual", stage_option=ap.UniformStageOption(num_stages=2),
                                   pipeline_schedule=schedule)
     step = ap.parallelize(make_train_step(optimizer), method=method)
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(loss)
-    exe = step.get_executable(state, batches[0])
-    assert step.num_plans == 1, "outputs fed back must not re-plan"
-    stage_processes = [sorted({d.process_index for d in st.spec.mesh.devices}) for st in exe.program.stages]
-    param_processes = [sorted({d.process_index for d in x.sharding.device_set}) for x in jax.tree.leaves(state[0])]
-    digests = gather_digests(exe.plan.digest)
-    losses = global_to_host(losses)
-    leaves = global_to_host(jax.tree.leaves(state))
-    if jax.process_index() == 0:
-        np.savez(out, losses=np.array(losses), process_count=jax.process_count(), digests=np.array(digests),
-                 stage_processes=np.array(stage_processes), param_processes=np.array(param_processes),
-                 **{f"leaf_{i}": x for i, x in enumerate(leaves)})
+
+    def describe(exe, state):
+        return {"stage_processes": [sorted({d.process_index for d in st.spec.mesh.devices})
+                                    for st in exe.program.stages],
+                "param_processes": [sorted({d.process_index for d in x.sharding.device_set})
+                                    for x in jax.tree.leaves(state[0])]}
+
+    train_and_save(step, state, batches, out, describe)
 
 
 if __name__ == "__main__":

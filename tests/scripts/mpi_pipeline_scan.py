@@ -17,7 +17,7 @@ import numpy as np
 
 import alpa_pass as ap
 from zoo import default_optimizer, gpt_scan, setup
-from zoo.pipeline import make_step
+from zoo.pipeline import make_step, train_and_save
 
 CONFIG = gpt_scan.Config(layers=4, hidden=64, heads=4, seq=16, batch=8, vocab=64, flax=False)
 
@@ -33,33 +33,22 @@ def make_data(optimizer, steps):
 
 
 def main(out, steps):
-    from alpa_pass.runtime.multiprocess import gather_digests, global_to_host
-
     optimizer = default_optimizer()
     state, batches = make_data(optimizer, steps)
     method = ap.PipeshardParallel(mesh=ap.LogicalMesh(shape=(2, jax.device_count() // 2)), num_micro_batches=2,
                                   stage_option=ap.UniformStageOption(num_stages=2))
     step = ap.parallelize(make_train_step(optimizer), method=method)
-    losses = []
-    for batch in batches:
-        state, loss = step(state, batch)
-        losses.append(loss)
-    exe = step.get_executable(state, batches[0])
-    assert step.num_plans == 1, "outputs fed back must not re-plan"
-    assert exe.program.split is not None, "the stacked blocks were not cut per stage"
-    stacked = [x for p, x in jax.tree_util.tree_flatten_with_path(state)[0] if "'blocks'" in jax.tree_util.keystr(p)]
-    stacked_processes = [sorted({d.process_index for d in x.sharding.device_set}) for x in stacked]
-    whole = {tuple(x.shape) for x in stacked}
-    halves = {(x.shape[0] // 2, *x.shape[1:]) for x in stacked}
-    shapes = [[tuple(a.shape) for a in jax.tree.leaves(st.fwd.args_info)] for st in exe.program.stages]
-    stage_args = [[sum(s in whole for s in ss), sum(s in halves for s in ss)] for ss in shapes]
-    digests = gather_digests(exe.plan.digest)
-    losses = global_to_host(losses)
-    leaves = global_to_host(jax.tree.leaves(state))
-    if jax.process_index() == 0:
-        np.savez(out, losses=np.array(losses), process_count=jax.process_count(), digests=np.array(digests),
-                 stacked_processes=np.array(stacked_processes), stage_args=np.array(stage_args),
-                 **{f"leaf_{i}": x for i, x in enumerate(leaves)})
+
+    def describe(exe, state):
+        assert exe.program.split is not None, "the stacked blocks were not cut per stage"
+        stacked = [x for p, x in jax.tree_util.tree_flatten_with_path(state)[0] if "'blocks'" in jax.tree_util.keystr(p)]
+        whole = {tuple(x.shape) for x in stacked}
+        halves = {(x.shape[0] // 2, *x.shape[1:]) for x in stacked}
+        shapes = [[tuple(a.shape) for a in jax.tree.leaves(st.fwd.args_info)] for st in exe.program.stages]
+        return {"stacked_processes": [sorted({d.process_index for d in x.sharding.device_set}) for x in stacked],
+                "stage_args": [[sum(s in whole for s in ss), sum(s in halves for s in ss)] for ss in shapes]}
+
+    train_and_save(step, state, batches, out, describe)
 
 
 if __name__ == "__main__":
