@@ -1,4 +1,4 @@
-// alpa_pass._core: the one binding file. Signatures: python/alpa_pass/_core.pyi (generated from
+// alpa_pass._core: the module (ShardingProblem's bindings: problem.cc; shared helpers: common.h). Signatures: python/alpa_pass/_core.pyi (generated from
 // this module by nanobind.stubgen); contracts and algorithms: docs/core_api.md. Inputs are copied
 // once into the C++ structs; IlpProblem arrays come back as read-only numpy views that keep the
 // problem alive; std::invalid_argument becomes ValueError with the C++ message.
@@ -24,40 +24,14 @@
 #include "alpa/repeat.h"
 #include "alpa/spec.h"
 #include "alpa/strategy.h"
+#include "common.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace alpa {
+using namespace bindings;
 namespace {
-
-template <typename T>
-using In1 = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using InCost = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
-template <typename T>
-using Out = nb::ndarray<nb::numpy, T>;
-
-template <typename T>
-std::vector<T> to_vector(const In1<T>& a) {
-  return std::vector<T>(a.data(), a.data() + a.shape(0));
-}
-
-// Getters returning arrays that own their memory (the default reference_internal would clash).
-constexpr auto kOwned = nb::rv_policy::automatic;
-
-// A numpy array that owns `v` (moved to the heap).
-template <typename T>
-Out<T> to_numpy(std::vector<T> v, std::vector<size_t> shape) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return Out<T>(heap->data(), shape.size(), shape.data(), owner);
-}
-
-// A read-only numpy view of a member vector of the bound object `self`, keeping `self` alive.
-template <typename T, typename Self>
-nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(const Self& self, const std::vector<T>& v) {
-  return nb::ndarray<nb::numpy, const T, nb::ndim<1>>(v.data(), {v.size()}, nb::find(&self));
-}
 
 Mesh make_mesh(std::vector<int64_t> shape, std::vector<double> alpha, std::vector<double> beta) {
   Mesh m{std::move(shape), std::move(alpha), std::move(beta)};
@@ -133,61 +107,6 @@ IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::
   qs.reserve(equalities.size());
   for (const auto& [u, v, match] : equalities) qs.push_back({u, v, to_vector(match)});
   return build_ilp(std::move(groups), std::move(es), std::move(qs), to_linear_rows(rows));
-}
-
-// Flattened per-strategy views of ShardingProblem.nodes (their contract: the property docstrings).
-Out<int64_t> strategy_offsets(const ShardingProblem& p) {
-  std::vector<int64_t> off{0};
-  for (const auto& ns : p.nodes) off.push_back(off.back() + static_cast<int64_t>(ns.list.size()));
-  return to_numpy(std::move(off), {p.nodes.size() + 1});
-}
-
-// Specs stacked as int32 rows; `pick` returns the specs of one strategy.
-template <typename Pick>
-Out<int32_t> stacked_specs(const ShardingProblem& p, Pick pick) {
-  std::vector<int32_t> flat;
-  size_t rows = 0, width = 0;
-  for (const auto& ns : p.nodes) {
-    for (const auto& s : ns.list) {
-      for (const Spec* spec : pick(s)) {
-        width = spec->size();
-        flat.insert(flat.end(), spec->begin(), spec->end());
-        ++rows;
-      }
-    }
-  }
-  return to_numpy(std::move(flat), {rows, width});
-}
-
-Out<int64_t> in_spec_offsets(const ShardingProblem& p) {
-  std::vector<int64_t> off{0};
-  for (const auto& ns : p.nodes) {
-    for (const auto& s : ns.list) off.push_back(off.back() + static_cast<int64_t>(s.ins.size()));
-  }
-  const size_t n = off.size();
-  return to_numpy(std::move(off), {n});
-}
-
-template <typename Field>
-Out<double> strategy_costs(const ShardingProblem& p, Field field) {
-  std::vector<double> out;
-  for (const auto& ns : p.nodes) {
-    for (const auto& s : ns.list) out.push_back(s.*field);
-  }
-  const size_t n = out.size();
-  return to_numpy(std::move(out), {n});
-}
-
-nb::dict tie_stats_dict(const TieStats& st) {
-  nb::dict d;
-  d["regions"] = st.regions;
-  d["max_copies"] = st.max_copies;
-  d["repeated_nodes"] = st.repeated_nodes;
-  d["classes_tied"] = st.classes_tied;
-  d["classes_skipped"] = st.classes_skipped;
-  d["groups_before"] = st.groups_before;
-  d["groups_after"] = st.groups_after;
-  return d;
 }
 
 void bind_mesh_spec(nb::module_& m) {
@@ -316,86 +235,6 @@ void bind_graph_strategy(nb::module_& m) {
         "Strategies of node v (rules run on nodes 0..v; no merging).");
 }
 
-void bind_problem(nb::module_& m) {
-  nb::class_<ShardingProblem>(m, "ShardingProblem",
-                              "Strategies of every node, flattened (S strategies), and the ILP.")
-      .def_prop_ro("node_group", [](const ShardingProblem& p) { return view(p, p.node_group); },
-                   "int64[N]: the ILP group of each node.")
-      .def_prop_ro("strategy_offsets", &strategy_offsets, kOwned,
-                   "int64[N+1]: node v's strategies are rows [off[v], off[v+1]).")
-      .def_prop_ro("out_specs", [](const ShardingProblem& p) {
-        return stacked_specs(p, [](const Strategy& s) { return std::vector<const Spec*>{&s.out}; });
-      }, kOwned, "int32[S, mesh.ndim]: result spec of each strategy.")
-      .def_prop_ro("in_spec_offsets", &in_spec_offsets, kOwned,
-                   "int64[S+1]: rows of in_specs per strategy (one per operand).")
-      .def_prop_ro("in_specs", [](const ShardingProblem& p) {
-        return stacked_specs(p, [](const Strategy& s) {
-          std::vector<const Spec*> out;
-          for (const Spec& spec : s.ins) out.push_back(&spec);
-          return out;
-        });
-      }, kOwned, "int32[R, mesh.ndim]: operand specs of every strategy.")
-      .def_prop_ro("compute_cost", [](const ShardingProblem& p) {
-        return strategy_costs(p, &Strategy::compute);
-      }, kOwned, "float64[S]: compute cost of each strategy (weighted by compute_cost_per_flop).")
-      .def_prop_ro("comm_cost", [](const ShardingProblem& p) {
-        return strategy_costs(p, &Strategy::comm);
-      }, kOwned, "float64[S]: communication inside the op (e.g. all-reducing partial sums).")
-      .def_prop_ro("memory", [](const ShardingProblem& p) {
-        return strategy_costs(p, &Strategy::memory);
-      }, kOwned, "float64[S]: per-device bytes of the node's result in that layout.")
-      .def_prop_ro("strategy_names", [](const ShardingProblem& p) {
-        std::vector<std::string> names;
-        for (const auto& ns : p.nodes) {
-          for (const auto& s : ns.list) names.push_back(s.name);
-        }
-        return names;
-      })
-      .def_prop_ro("follow", [](const ShardingProblem& p) {
-        std::vector<int64_t> f;
-        for (const auto& ns : p.nodes) f.push_back(ns.follow);
-        return to_numpy(std::move(f), {p.nodes.size()});
-      }, kOwned, "int64[N]: leader operand node of each node, or -1.")
-      .def_ro("num_memory_rows", &ShardingProblem::num_memory_rows,
-              "ILP linear rows from memory_budget_per_device (0 without a budget).")
-      .def_prop_ro("live_nodes", [](const ShardingProblem& p) { return view(p, p.memory.node); },
-                   "int64[L]: the values that count towards memory (memory.h).")
-      .def_prop_ro("live_start", [](const ShardingProblem& p) { return view(p, p.memory.start); },
-                   "int64[L]: first program point (node) where each value is live.")
-      .def_prop_ro("live_end", [](const ShardingProblem& p) { return view(p, p.memory.end); },
-                   "int64[L]: last program point where each value is live (inclusive).")
-      .def_prop_ro("memory_points", [](const ShardingProblem& p) {
-        return view(p, p.memory.points);
-      }, "int64[P]: program points with a maximal live set.")
-      .def("predicted_peak", [](const ShardingProblem& p, In1<int64_t> assignment) {
-        const PeakMemory peak = predicted_peak(p, to_vector(assignment));
-        return std::make_tuple(peak.bytes, peak.at);
-      }, "assignment"_a, "(per-device peak bytes, node where reached) of a strategy per group.")
-      .def_ro("ilp", &ShardingProblem::ilp)
-      .def_prop_ro("unpinned_uses", [](const ShardingProblem& p) { return view(p, p.unpinned_uses); },
-                   "int64[K]: nodes reading a pinned_uses node that no strategy lets read it as pinned.")
-      .def_prop_ro("repeat_stats", [](const ShardingProblem& p) {
-        return tie_stats_dict(p.repeat);
-      }, "Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, "
-         "classes_skipped, groups_before, groups_after (repeat.h).");
-  m.def("build_sharding_problem", &build_sharding_problem, "graph"_a, "mesh"_a, "options"_a,
-        "ties"_a = std::vector<std::pair<int64_t, int64_t>>{},
-        "donated_args"_a = std::vector<int64_t>{},
-        "pinned"_a = std::vector<std::pair<int64_t, Spec>>{},
-        "pinned_uses"_a = std::vector<int64_t>{},
-        "node_weights"_a = std::vector<double>{},
-        "comm_weights"_a = std::vector<double>{},
-        "ties: node pairs whose result specs must be equal.\n"
-        "donated_args: flat entry-argument indices whose buffers may be reused.\n"
-        "pinned: (node, spec) pairs; the node may only take strategies whose result spec equals\n"
-        "spec (size-1 mesh axes ignored); ValueError if none does (problem.h).\n"
-        "pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding\n"
-        "on their out-edges); users that cannot are left free (unpinned_uses).\n"
-        "node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).\n"
-        "comm_weights: empty, or a factor >= 0 per node for its own communication cost in place\n"
-        "of its node weight (a loop-accumulated gradient dot: reduced once after the loop).");
-}
-
 void bind_ilp(nb::module_& m) {
   nb::class_<IlpProblem>(m, "IlpProblem", "The sharding ILP as HiGHS-ready CSC arrays (ilp.h).")
       .def_ro("num_cols", &IlpProblem::num_cols)
@@ -491,6 +330,10 @@ void bind_pipeline(nb::module_& m) {
 }
 
 }  // namespace
+}  // namespace alpa
+
+namespace alpa {
+void bind_problem(nb::module_& m);  // problem.cc
 }  // namespace alpa
 
 NB_MODULE(_core, m) {

@@ -55,16 +55,17 @@ std::vector<char> donated_nodes(const Graph& g, const std::vector<int64_t>& dona
   return out;
 }
 
-// Points (ascending) whose live set is maximal, from ranges sorted by start.
-std::vector<int64_t> maximal_points(const MemoryModel& m, int64_t n) {
+// Points (ascending) whose live set is maximal, from ranges given by `start` (ascending) and `end`.
+std::vector<int64_t> maximal_points(const std::vector<int64_t>& start, const std::vector<int64_t>& end,
+                                    int64_t n) {
   std::vector<int64_t> ends_before(n + 1, 0);  // number of range ends at points < t
-  for (int64_t e : m.end) ++ends_before[e + 1];
+  for (int64_t e : end) ++ends_before[e + 1];
   std::partial_sum(ends_before.begin(), ends_before.end(), ends_before.begin());
   std::vector<int64_t> points;
-  for (size_t i = 0; i < m.start.size(); ++i) {
-    const int64_t t = m.start[i];
-    if (i + 1 < m.start.size() && m.start[i + 1] == t) continue;  // one point per distinct start
-    const int64_t next = i + 1 < m.start.size() ? m.start[i + 1] : n;
+  for (size_t i = 0; i < start.size(); ++i) {
+    const int64_t t = start[i];
+    if (i + 1 < start.size() && start[i + 1] == t) continue;  // one point per distinct start
+    const int64_t next = i + 1 < start.size() ? start[i + 1] : n;
     if (next == n || ends_before[next] > ends_before[t]) points.push_back(t);
   }
   return points;
@@ -140,7 +141,8 @@ MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donat
     m.start.push_back(start[i]);
     m.end.push_back(end[i]);
   }
-  m.points = maximal_points(m, n);
+  m.points = maximal_points(m.start, m.end, n);
+  m.constant = use.constant;
   return m;
 }
 
@@ -163,6 +165,15 @@ struct RowBuilder {
       touched.push_back(g);
     }
     for (size_t k = 0; k < list.size(); ++k) coeff[group_start[g] + k] += list[k].memory;
+  }
+
+  void add_copy(const CopyRange& c) {
+    const int64_t g = node_group[c.consumer];
+    if (!in_row[g]) {
+      in_row[g] = 1;
+      touched.push_back(g);
+    }
+    for (int64_t k : c.strategies) coeff[group_start[g] + k] += c.bytes;
   }
 
   // Emits the row with upper bound `budget` and clears the scratch.
@@ -217,18 +228,41 @@ bool same_entries(const IlpLinearRow& a, const IlpLinearRow& b) {
 }  // namespace
 
 std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
-                                      const std::vector<int64_t>& node_group, double budget) {
+                                      const std::vector<int64_t>& node_group, double budget,
+                                      const std::vector<CopyRange>& copies) {
   RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}, {}};
   b.coeff.assign(b.group_start.back(), 0.0);
   b.in_row.assign(b.group_start.size() - 1, 0);
+  std::vector<size_t> copy_order(copies.size());
+  std::iota(copy_order.begin(), copy_order.end(), 0);
+  std::stable_sort(copy_order.begin(), copy_order.end(),
+                   [&](size_t x, size_t y) { return copies[x].start < copies[y].start; });
+  std::vector<int64_t> points = m.points;
+  if (!copies.empty()) {  // maximal points of values and copies together
+    std::vector<std::pair<int64_t, int64_t>> all;
+    for (size_t i = 0; i < m.start.size(); ++i) all.emplace_back(m.start[i], m.end[i]);
+    for (const CopyRange& c : copies) all.emplace_back(c.start, c.end);
+    std::stable_sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<int64_t> start, end;
+    for (const auto& [s, e] : all) {
+      start.push_back(s);
+      end.push_back(e);
+    }
+    points = maximal_points(start, end, static_cast<int64_t>(nodes.size()));
+  }
   std::vector<IlpLinearRow> rows;
   std::unordered_multimap<uint64_t, size_t> seen;  // identical rows are merged (the first kept)
-  std::vector<size_t> active;
-  size_t next = 0;
-  for (int64_t t : m.points) {
+  std::vector<size_t> active, active_copies;
+  size_t next = 0, next_copy = 0;
+  for (int64_t t : points) {
     while (next < m.start.size() && m.start[next] <= t) active.push_back(next++);
     std::erase_if(active, [&](size_t i) { return m.end[i] < t; });
     for (size_t i : active) b.add(m.node[i]);
+    while (next_copy < copy_order.size() && copies[copy_order[next_copy]].start <= t) {
+      active_copies.push_back(copy_order[next_copy++]);
+    }
+    std::erase_if(active_copies, [&](size_t i) { return copies[i].end < t; });
+    for (size_t i : active_copies) b.add_copy(copies[i]);
     IlpLinearRow row = b.take(budget, t);
     const uint64_t h = row_hash(row);
     const auto [lo, hi] = seen.equal_range(h);
@@ -242,9 +276,14 @@ std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<No
 
 PeakMemory peak_memory(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
                        const std::vector<int64_t>& node_group,
-                       const std::vector<int64_t>& group_assignment) {
+                       const std::vector<int64_t>& group_assignment,
+                       const std::vector<CopyRange>& copies) {
   const auto n = static_cast<int64_t>(nodes.size());
   std::vector<double> delta(n + 1, 0.0);
+  for (const CopyRange& c : copies) {
+    delta[c.start] += c.bytes;
+    delta[c.end + 1] -= c.bytes;
+  }
   for (size_t i = 0; i < m.node.size(); ++i) {
     const int64_t v = m.node[i], g = node_group[v];
     if (g < 0 || g >= static_cast<int64_t>(group_assignment.size()) || group_assignment[g] < 0 ||
@@ -258,7 +297,7 @@ PeakMemory peak_memory(const MemoryModel& m, const std::vector<NodeStrategies>& 
   }
   PeakMemory peak;
   double live = 0.0;
-  for (int64_t t = 0; t < n && !m.node.empty(); ++t) {
+  for (int64_t t = 0; t < n && !(m.node.empty() && copies.empty()); ++t) {
     live += delta[t];
     if (live > peak.bytes || peak.at < 0) {
       peak.bytes = live;

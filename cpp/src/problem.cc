@@ -255,7 +255,8 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const std::vector<std::pair<int64_t, Spec>>& pinned,
                                        const std::vector<int64_t>& pinned_uses,
                                        const std::vector<double>& node_weights,
-                                       const std::vector<double>& comm_weights) {
+                                       const std::vector<double>& comm_weights,
+                                       const std::vector<CopyRange>& copies) {
   graph.validate();
   mesh.validate();
   const int64_t n = graph.num_nodes();
@@ -308,13 +309,100 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
   for (IlpEquality& eq : pin_equalities(graph, mesh, p, pinned)) eqs.push_back(std::move(eq));
   for (IlpEquality& eq : use_pin_equalities(graph, mesh, p, pinned, pinned_uses)) eqs.push_back(std::move(eq));
   p.memory = build_memory_model(graph, donated_args);
+  p.mesh = mesh;
+  p.operand_start.assign(1, 0);
+  for (int64_t v = 0; v < n; ++v) {
+    for (int64_t u : graph.operands(v)) p.operand_ids.push_back(u);
+    p.operand_start.push_back(static_cast<int64_t>(p.operand_ids.size()));
+    p.value_bytes.push_back(graph.bytes(v));
+  }
   std::vector<IlpLinearRow> rows;
   if (options.memory_budget_per_device > 0.0) {
-    rows = memory_rows(p.memory, p.nodes, p.node_group, options.memory_budget_per_device);
+    rows = memory_rows(p.memory, p.nodes, p.node_group, options.memory_budget_per_device,
+                       completed_copies(p, copies));
   }
   p.num_memory_rows = static_cast<int64_t>(rows.size());
   p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs), std::move(rows));
   return p;
+}
+
+namespace {
+
+bool same_layout(const Spec& a, const Spec& b, const Mesh& mesh) {
+  for (int ax = 0; ax < mesh.ndim(); ++ax) {
+    if (mesh.shape[ax] > 1 && a[ax] != b[ax]) return false;
+  }
+  return true;
+}
+
+// `c` with the bytes of its copy and the consumer strategies that read the operand in its layout.
+CopyRange completed(const ShardingProblem& p, CopyRange c) {
+  const auto n = static_cast<int64_t>(p.nodes.size());
+  if (c.consumer < 0 || c.consumer >= n || c.operand < 0 ||
+      c.operand >= p.operand_start[c.consumer + 1] - p.operand_start[c.consumer]) {
+    throw std::invalid_argument("copy of operand " + std::to_string(c.operand) + " of node " +
+                                std::to_string(c.consumer) + ": no such operand");
+  }
+  if (static_cast<int>(c.layout.size()) != p.mesh.ndim() || c.start < 0 || c.start > c.end || c.end >= n) {
+    throw std::invalid_argument("copy of operand " + std::to_string(c.operand) + " of node " +
+                                std::to_string(c.consumer) + ": layout needs " + std::to_string(p.mesh.ndim()) +
+                                " entries and 0 <= start <= end < " + std::to_string(n));
+  }
+  const int64_t u = p.operand_ids[p.operand_start[c.consumer] + c.operand];
+  c.bytes = p.value_bytes[u] / static_cast<double>(num_shards(c.layout, p.mesh));
+  c.strategies.clear();
+  const auto& list = p.nodes[c.consumer].list;
+  for (size_t k = 0; k < list.size(); ++k) {
+    if (same_layout(list[k].ins[c.operand], c.layout, p.mesh)) c.strategies.push_back(static_cast<int64_t>(k));
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<CopyRange> completed_copies(const ShardingProblem& p, const std::vector<CopyRange>& copies) {
+  std::vector<CopyRange> out;
+  out.reserve(copies.size());
+  for (const CopyRange& c : copies) out.push_back(completed(p, c));
+  return out;
+}
+
+std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vector<int64_t>& group_assignment) {
+  if (static_cast<int64_t>(group_assignment.size()) != p.ilp.num_groups()) {
+    throw std::invalid_argument("assignment has " + std::to_string(group_assignment.size()) +
+                                " entries, expected one per group (" +
+                                std::to_string(p.ilp.num_groups()) + ")");
+  }
+  const auto n = static_cast<int64_t>(p.nodes.size());
+  auto strategy = [&](int64_t v) -> const Strategy& {
+    const int64_t k = group_assignment[p.node_group[v]];
+    if (k < 0 || k >= static_cast<int64_t>(p.nodes[v].list.size())) {
+      throw std::invalid_argument("assignment has no valid strategy for group " +
+                                  std::to_string(p.node_group[v]) + " (node " + std::to_string(v) + ")");
+    }
+    return p.nodes[v].list[k];
+  };
+  // (value, layout) -> index of its last CopyRange so far; consumers come in node order
+  std::map<std::pair<int64_t, Spec>, size_t> last;
+  std::vector<CopyRange> out;
+  for (int64_t v = 0; v < n; ++v) {
+    for (int64_t t = 0; t < p.operand_start[v + 1] - p.operand_start[v]; ++t) {
+      const int64_t u = p.operand_ids[p.operand_start[v] + t];
+      if (p.memory.constant[u]) continue;
+      const Spec& want = strategy(v).ins[t];
+      if (same_layout(strategy(u).out, want, p.mesh)) continue;
+      const auto [it, first] = last.try_emplace({u, want}, out.size());
+      int64_t start = v;
+      if (!first) {
+        const int64_t prev = out[it->second].consumer;
+        if (prev == v) continue;  // the same consumer reads it twice: one copy
+        start = prev + 1;
+        it->second = out.size();
+      }
+      out.push_back(completed(p, CopyRange{v, t, want, start, v, 0.0, {}}));
+    }
+  }
+  return out;
 }
 
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment) {
@@ -323,7 +411,7 @@ PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& 
                                 " entries, expected one per group (" +
                                 std::to_string(p.ilp.num_groups()) + ")");
   }
-  return peak_memory(p.memory, p.nodes, p.node_group, group_assignment);
+  return peak_memory(p.memory, p.nodes, p.node_group, group_assignment, reshard_copies(p, group_assignment));
 }
 
 }  // namespace alpa

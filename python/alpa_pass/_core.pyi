@@ -454,7 +454,16 @@ class ShardingProblem:
         """int64[P]: program points with a maximal live set."""
 
     def predicted_peak(self, assignment: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[float, int]:
-        """(per-device peak bytes, node where reached) of a strategy per group."""
+        """
+        (per-device peak bytes, node where reached) of a strategy per group, its reshard copies
+        included (memory.h).
+        """
+
+    def reshard_copies(self, assignment: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[tuple[int, int, list[int], int, int, float]]:
+        """
+        [(consumer, operand, layout, start, end, bytes)]: the reshard copies of a strategy per
+        group, one per consumer reading one (problem.h reshard_copies).
+        """
 
     @property
     def ilp(self) -> IlpProblem: ...
@@ -471,7 +480,7 @@ class ShardingProblem:
         Repeated-layer ties: regions, max_copies, repeated_nodes, classes_tied, classes_skipped, groups_before, groups_after (repeat.h).
         """
 
-def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], pinned_uses: Sequence[int] = [], node_weights: Sequence[float] = [], comm_weights: Sequence[float] = []) -> ShardingProblem:
+def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties: Sequence[tuple[int, int]] = [], donated_args: Sequence[int] = [], pinned: Sequence[tuple[int, Sequence[int]]] = [], pinned_uses: Sequence[int] = [], node_weights: Sequence[float] = [], comm_weights: Sequence[float] = [], copies: Sequence[tuple[int, int, Sequence[int], int, int]] = []) -> ShardingProblem:
     """
     ties: node pairs whose result specs must be equal.
     donated_args: flat entry-argument indices whose buffers may be reused.
@@ -482,6 +491,8 @@ def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties:
     node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).
     comm_weights: empty, or a factor >= 0 per node for its own communication cost in place
     of its node weight (a loop-accumulated gradient dot: reduced once after the loop).
+    copies: (consumer, operand, layout, start, end) reshard copies the memory rows count
+    when the consumer reads the operand in layout (reshard_copies of earlier plans).
     """
 
 class IlpProblem:

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import alpa_pass as ap
-from alpa_pass.emit.constraints import slice_first
+from alpa_pass.emit.constraints import reshard_steps, slice_first
 from alpa_pass.tools.fidelity import capture_stderr, list_collectives, remat_warnings, summarize
 from alpa_pass.driver.jit import plan_and_compile
 from zoo import default_optimizer, gpt, init_state, train_step_for
@@ -72,6 +72,16 @@ def test_slice_first_stages_slice_before_gather():
     assert slice_first([-1, 1], [0, 1], (64, 32), (2, 4)) is None   # a slice only
     assert slice_first([0, 1], [0, -1], (64, 32), (2, 4)) is None   # a gather only
     assert slice_first([-1, 1], [0, -1], (3, 32), (2, 4)) is None   # 3 rows do not split over 2
+
+
+def test_reshard_steps_are_ones_xla_does_directly():
+    # GPT hidden states [batch, seq, hidden] split over both axes of 8x8 on batch, read with hidden
+    # split over axis 1: move axis 1 to hidden (all-to-all), then gather axis 0 (not: replicate all)
+    assert reshard_steps([0, 0], [-1, 2], (64, 1024, 8192), (8, 8)) == [[0, 2]]
+    assert reshard_steps([-1, 1], [0, -1], (64, 32), (2, 4)) == [[0, 1]]      # slice, then gather
+    assert reshard_steps([0, 1], [1, 0], (64, 32), (2, 4)) == [[1, 1]]        # two moves, one at a time
+    assert reshard_steps([0, -1], [0, 1], (64, 32), (2, 4)) == []             # a slice: one step
+    assert reshard_steps([0, 0], [-1, 2], (64, 1024, 6), (8, 8)) == []        # 6 does not split over 8
 
 
 def test_list_collectives_parses_attribution():

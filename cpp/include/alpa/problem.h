@@ -22,6 +22,10 @@ struct ShardingProblem {
   TieStats repeat;                    // repeated-layer ties (all zero unless tie_repeated_layers)
   std::vector<int64_t> unpinned_uses; // users of `pinned_uses` nodes left free to reshard them
   IlpProblem ilp;
+  // What reshard_copies needs of the graph and mesh: operands (CSR), global bytes per node.
+  Mesh mesh;
+  std::vector<int64_t> operand_start, operand_ids;
+  std::vector<double> value_bytes;
 };
 
 // `ties`: pairs of nodes whose result specs must be equal (e.g. an output and the parameter it
@@ -49,9 +53,19 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
                                        const std::vector<std::pair<int64_t, Spec>>& pinned = {},
                                        const std::vector<int64_t>& pinned_uses = {},
                                        const std::vector<double>& node_weights = {},
-                                       const std::vector<double>& comm_weights = {});
+                                       const std::vector<double>& comm_weights = {},
+                                       const std::vector<CopyRange>& copies = {});
 
-// Per-device peak memory of a strategy index per ILP group (see memory.h).
+// `copies` with their `bytes` and `strategies` filled in from `p` (std::invalid_argument as above).
+std::vector<CopyRange> completed_copies(const ShardingProblem& p, const std::vector<CopyRange>& copies);
+
+// The reshard copies of a strategy index per ILP group (memory.h "Reshard copies"): per (value,
+// layout) one copy from its first to its last consumer reading it in that layout, as one
+// CopyRange per consumer (the first: [c, c]; each later one from after the previous consumer to
+// itself), in consumer order.
+std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);
+
+// Per-device peak memory of a strategy index per ILP group, its reshard copies included (memory.h).
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);
 
 }  // namespace alpa

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 
 import numpy as np
 import scipy.sparse
@@ -36,6 +37,10 @@ MAX_ROW_ROUNDS = 3
 # redundant_memory_rows: 2.7 s on LLaMA-8B 8x8, so not for a handful). GPT-39B 8x8 at 80 GiB: the
 # free plan breaks 2769 rows, 1351 of them undominated.
 FILTER_BROKEN_ROWS = 64
+# Re-solves with the reshard copies of the plans found so far counted in the memory rows
+# (fit_reshard_copies), before the last plan is kept with a warning.
+MAX_COPY_ROUNDS = 4
+LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
@@ -88,6 +93,70 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp, options, start=assignment, drop_rows=redundant)  # never worse than it
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
+
+
+def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None, options: SolveOptions,
+                       where: str) -> tuple:
+    """(problem, solution) whose plan fits ``budget`` with its reshard copies counted.
+
+    Memory rows count values in their own layouts; a consumer reading one in another layout reads
+    a copy that XLA keeps from the first consumer wanting that layout to the last (a weight gathered
+    for the forward dot and read again by the backward one: ``_core`` memory.h "Reshard copies").
+    Which copies a plan makes depends on both ends of each edge, so they are added lazily: while the
+    plan's peak with its copies (``problem.predicted_peak``) exceeds the budget, its copies join
+    the memory rows (counted whenever their consumer reads the operand in that layout: an upper
+    bound) and the ILP is solved again (``rebuild(copies) -> problem``), at most
+    ``MAX_COPY_ROUNDS`` times. When no round's plan fits (or the rows with the copies admit no
+    plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``). Rounds
+    are counted, not timed: the plan does not depend on the machine.
+
+    Raises InfeasibleError naming the least-memory plan's peak when that does not fit either.
+    """
+    if budget is None or problem.num_memory_rows == 0:
+        return problem, solution
+    copies: dict = {}
+    for round_ in range(MAX_COPY_ROUNDS + 1):
+        peak = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
+        if peak <= budget * (1 + 1e-9):
+            if round_:
+                log.info("alpa_pass: mesh %s: the plan fits the budget with its reshard copies after %d "
+                         "re-solves (%d copies in the memory rows)", where, round_, len(copies))
+            return problem, solution
+        if round_ == MAX_COPY_ROUNDS:
+            break
+        found = problem.reshard_copies(np.asarray(solution.assignment, dtype=np.int64))
+        for consumer, operand, layout, start, end, _ in found:
+            copies[(int(consumer), int(operand), tuple(layout), int(start), int(end))] = None
+        log.info("alpa_pass: mesh %s: plan peak %s with its %d reshard copies exceeds the budget %s; "
+                 "solving again with them counted (round %d)", where, _gib(peak), len(found), _gib(budget),
+                 round_ + 1)
+        problem = rebuild([(c, t, list(w), a, b) for c, t, w, a, b in copies])
+        try:
+            solution = solve_within_budget(problem, budget, options, where)
+        except InfeasibleError:
+            break  # the copies' rows overcount (a copy counted where its producer already has the layout)
+    log.info("alpa_pass: mesh %s: no fitting plan after %d re-solves with reshard copies; trying the "
+             "least-memory plan", where, round_ + 1)
+    return problem, _least_memory_solution(problem, budget, options, where)
+
+
+def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str) -> Solution:
+    """The least-memory plan of ``problem`` (``least_memory_plan``) as a Solution when its peak,
+    reshard copies included, fits ``budget``; else the InfeasibleError naming that peak."""
+    t = time.perf_counter()
+    options = dataclasses.replace(options, objective_bound=None)
+    found = least_memory_plan(problem, options)
+    if found is None:
+        raise InfeasibleError(f"no sharding plan on mesh {where} meets the memory rows")
+    peak, assignment = found
+    if peak > budget * (1 + 1e-9):
+        raise infeasible_error(where, budget, peak, memory_lower_bound(problem, options, budget))
+    assignment = np.asarray(assignment, dtype=np.int64)
+    x = np.zeros(int(problem.ilp.num_cols))
+    x[np.asarray(problem.ilp.group_var_start)[:-1] + assignment] = 1.0  # group columns (edges unset)
+    return Solution(assignment=assignment, x=x, objective=float(_core.evaluate(problem.ilp, assignment).objective),
+                    status=LEAST_MEMORY_STATUS, optimal=False, mip_gap=math.nan, time_limited=False,
+                    solve_time_s=time.perf_counter() - t)
 
 
 def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tuple:

@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import infeasible_error, memory_lower_bound, resolve_budget, solve_within_budget
+from alpa_pass.driver.budget import (fit_reshard_copies, infeasible_error, memory_lower_bound, resolve_budget,
+                                     solve_within_budget)
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -137,13 +138,20 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
     t = time.perf_counter()
 
+    copies = []  # reshard copies the memory rows count (fit_reshard_copies)
+
     def build(opt):
         return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh), opt.to_core(), list(ties),
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
                                             list(pinned_uses),
                                             [] if graph.weights is None else list(graph.weights),
-                                            [] if graph.comm_weights is None else list(graph.comm_weights))
+                                            [] if graph.comm_weights is None else list(graph.comm_weights),
+                                            copies)
+
+    def rebuild(found):
+        copies[:] = found
+        return build(option)
     problem = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
@@ -173,7 +181,10 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                  where, _restriction(option))
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
                               tied_infeasible or e)
-    timings["solve"] = solution.solve_time_s
+    first_solve_s, t = solution.solve_time_s, time.perf_counter()
+    problem, solution = fit_reshard_copies(rebuild, problem, solution, option.memory_budget_per_device,
+                                           option.solve_options(), where)
+    timings["solve"] = first_solve_s + (time.perf_counter() - t if copies else 0.0)
     _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
     if "time_s" in refinement:

@@ -83,6 +83,11 @@ def refine_unmerged(build, problem, solution, option, num_nodes: int):
                         option.solver_time_limit_s)
             return problem, solution, {**record, "skipped": "stopped by the time limit, not the node limit"}
     if refined.objective < solution.objective * (1 - _REL_TOL) - 1e-12:
+        budget = option.memory_budget_per_device
+        peak = float(unmerged.predicted_peak(np.asarray(refined.assignment, dtype=np.int64))[0])
+        if budget is not None and peak > budget * (1 + 1e-9):  # its reshard copies do not fit
+            return problem, solution, {**record, "skipped": f"unmerged plan's peak {peak:.6g} B with its "
+                                                            f"reshard copies exceeds the budget"}
         record["solve"] = "unmerged"
         return unmerged, refined, record
     return problem, solution, record

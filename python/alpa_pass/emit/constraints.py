@@ -98,6 +98,45 @@ def slice_first(src, dst, shape, mesh_shape) -> list | None:
     return mid
 
 
+def _divides(spec, shape, mesh_shape) -> bool:
+    for dim, size in enumerate(shape):
+        n = 1
+        for axis, d in enumerate(spec):
+            n *= mesh_shape[axis] if d == dim else 1
+        if size % n:
+            return False
+    return True
+
+
+def reshard_steps(src, dst, shape, mesh_shape) -> list:
+    """The intermediate core specs (tensor dim per mesh axis, -1 = none) of a resharding from
+    ``src`` to ``dst`` done as steps XLA's partitioner does directly, neither end included:
+    first the local slices ``dst`` adds on axes ``src`` leaves replicated (:func:`slice_first`),
+    then each axis that splits another dim in ``dst`` moved there (an all-to-all), one axis at a
+    time; the gathers of the axes ``dst`` drops are the last step (to ``dst`` itself). Steps that
+    change nothing or do not divide ``shape`` are left out.
+
+    XLA 0.10 finds no direct way for, e.g., ``[S(x,y), R, R] -> [R, R, S(y)]`` (the batch dim of
+    a GPT's hidden states split over both axes of 8x8, read by a dot that wants the hidden dim
+    split over y): it replicates the whole tensor, then slices ("Involuntary full
+    rematerialization": the full tensor's bytes live on every device); as an all-to-all over y,
+    then an all-gather over x, it moves what the plan prices.
+    """
+    steps, cur = [], list(src)
+    mid = [d if s == -1 else s for s, d in zip(src, dst)]
+    if mid != cur and mid != list(dst) and _divides(mid, shape, mesh_shape):
+        steps.append(mid)
+        cur = mid
+    for axis, (s, d) in enumerate(zip(src, dst)):
+        if s != -1 and d != -1 and s != d:
+            nxt = list(cur)
+            nxt[axis] = d
+            if nxt != list(dst) and _divides(nxt, shape, mesh_shape):
+                steps.append(nxt)
+                cur = nxt
+    return steps
+
+
 def _check_spec(graph: OpGraph, v: int, dims: tuple, axes: dict) -> None:
     shape = graph.shape(v)
     if len(dims) != len(shape):
@@ -176,6 +215,9 @@ def axis_order(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> tup
         if u in specs:
             count(specs[u], dims)
     return tuple(sorted(axis_names, key=lambda a: (-kept[a], axis_names.index(a))))
+
+
+_default_axis_order = axis_order  # insert_constraints' parameter of the same name shadows it
 
 
 def order_shared_dims(graph: OpGraph, specs: dict, uses: dict, axis_names: list, order=None) -> tuple:
@@ -272,7 +314,7 @@ def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) 
 def insert_constraints(module: ir.Module, graph: OpGraph,
                        node_dim_shardings: dict[int, list[tuple[str, ...]]],
                        mesh_name: str = "mesh", operand_dim_shardings: dict | None = None,
-                       axis_order: tuple | None = None) -> EmitReport:
+                       axis_order: tuple | None = None, operand_steps: dict | None = None) -> EmitReport:
     """Insert one ``sdy.sharding_constraint`` per requested value of ``graph`` into ``module``.
 
     Args:
@@ -284,6 +326,8 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
       operand_dim_shardings: (node id, operand index) -> dims: a constraint on that one use of the
         operand, placed right before the consuming op (the layout the plan reshards the operand
         to for that consumer). Only for nodes whose graph operands are the op's MLIR operands.
+      operand_steps: (node id, operand index) -> [dims, ...]: layouts the operand passes through,
+        in order, before its use-site layout (``reshard_steps``): one constraint each.
       axis_order: the mesh axis names, most major first, in which a dim split over several axes
         lists them (a plan's ``axis_order``, which its entry shardings use too); None: decided
         here by :func:`axis_order` of the requested specs.
@@ -301,7 +345,16 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             for (v, t), dims in (operand_dim_shardings or {}).items()}
     for (v, t), dims in uses.items():
         _check_spec(graph, graph.operands(v)[t], dims, axes)
-    specs, uses = order_shared_dims(graph, specs, uses, list(axes), axis_order)
+    steps = {(int(v), int(t)): [tuple(tuple(d) for d in dims) for dims in chain]
+             for (v, t), chain in (operand_steps or {}).items()}
+    for (v, t), chain in steps.items():
+        for dims in chain:
+            _check_spec(graph, graph.operands(v)[t], dims, axes)
+    order = tuple(axis_order) if axis_order else _default_axis_order(graph, specs, uses, list(axes))
+    specs, uses = order_shared_dims(graph, specs, uses, list(axes), order)
+    rank = {a: i for i, a in enumerate(order)}
+    steps = {k: [tuple(tuple(sorted(d, key=rank.__getitem__)) for d in dims) for dims in chain]
+             for k, chain in steps.items()}
     report = EmitReport()
     targets = _resolve(module, graph, _value_groups(graph, specs, report))
     use_targets = _resolve_uses(_matched_ops(module, graph), graph, uses, report)
@@ -320,10 +373,12 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             value.replace_all_uses_except(c.result, c.operation)
             report.inserted += 1
         for op, t, dims, v in use_targets:  # after value constraints: wrap what the op now reads
+            value = op.operands[t]
             with constraint_location(v, t):
-                c = sdy.ShardingConstraintOp(op.operands[t], attr(dims), ip=ir.InsertionPoint(op))
-            op.operands[t] = c.result
-            report.inserted += 1
+                for step in [*steps.get((v, t), ()), dims]:
+                    value = sdy.ShardingConstraintOp(value, attr(step), ip=ir.InsertionPoint(op)).result
+                    report.inserted += 1
+            op.operands[t] = value
     try:
         module.operation.verify()
     except ir.MLIRError as e:

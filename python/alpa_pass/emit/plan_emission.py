@@ -20,7 +20,7 @@ from alpa_pass.emit.accumulation import rewrite_accumulations
 from alpa_pass.emit.calls import specialize_callees
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
-from alpa_pass.emit.targets import constraint_targets, operand_targets
+from alpa_pass.emit.targets import constraint_targets, operand_steps, operand_targets
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.options import AutoShardingOption
 
@@ -37,7 +37,8 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
     located = locate_partial_sum_dots(module, graph, plan, mesh) if option.prefer_reduce_scatter else []
     report = insert_constraints(module, graph, constraint_targets(graph, plan, mesh, option.emit), mesh_name,
                                 operand_dim_shardings=operand_targets(graph, plan, mesh),
-                                axis_order=tuple(plan.axis_order) or None)
+                                axis_order=tuple(plan.axis_order) or None,
+                                operand_steps=operand_steps(graph, plan, mesh))
     if located:
         report.reduce_scattered = rewrite_reduce_scatter(module, located, mesh, mesh_name)
         log.info("%s: %d partial-sum dots reduce-scattered", name, report.reduce_scattered)

@@ -6,7 +6,7 @@ reads an operand resharded. Both are per-dim tuples of mesh axis names (``Logica
 """
 from __future__ import annotations
 
-from alpa_pass.emit.constraints import axis_order, slice_first
+from alpa_pass.emit.constraints import axis_order, reshard_steps, slice_first
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
@@ -50,6 +50,24 @@ def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
             want = plan.operand_specs[v][t]
             if want != plan.node_specs[u] and OpKind(int(graph.kind[u])) != OpKind.GENERATOR:
                 out[(v, t)] = mesh.dim_axes(want, len(graph.shape(u)))
+    return out
+
+
+def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
+    """(node, operand index) -> [dims, ...]: for each use-site layout of ``operand_targets`` on an
+    anchor op, the layouts its resharding passes through first (``emit.constraints.reshard_steps``),
+    where it is more than one step XLA does directly."""
+    out = {}
+    for v in range(graph.num_nodes):
+        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
+            continue
+        for t, u in enumerate(graph.operands(v)):
+            want = plan.operand_specs[v][t]
+            if want == plan.node_specs[u] or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
+                continue
+            steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape)
+            if steps:
+                out[(v, t)] = [mesh.dim_axes(s, len(graph.shape(u))) for s in steps]
     return out
 
 
