@@ -75,7 +75,7 @@ def run_case(config, mesh_shape, budget_gib, time_limit) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     mesh_shape = tuple(int(s) for s in args.mesh.split("x"))
-    simulate_cpu_devices(math.prod(mesh_shape))
+    simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
     if args.log:
         import logging
 

@@ -187,7 +187,7 @@ def _write(result, out_dir: str, name: str, path: str | None = None) -> str:
 
 def run_single(args) -> int:
     mesh_shape = _mesh_shape(args.mesh)
-    simulate_cpu_devices(math.prod(mesh_shape))
+    simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
     from zoo import gpt
 
     config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,
@@ -229,7 +229,7 @@ def compile_in_subprocess(size: str, mesh: str, args) -> dict:
 
 
 def run_suite(args) -> int:
-    simulate_cpu_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE))
+    simulate_cpu_devices(max(math.prod(_mesh_shape(mesh)) for _, mesh in ALPA_SUITE), memory_scheduler=True)
     from benchmarks.models.gpt_sizes import SIZES
 
     from alpa_pass.errors import InfeasibleError
@@ -292,7 +292,7 @@ def _counting_solves():
 
 def run_small(args) -> int:
     """Plan each SMALL_SUITE case (default options, abstract inputs); print time and work."""
-    simulate_cpu_devices(8)
+    simulate_cpu_devices(8, memory_scheduler=True)
     import jax
 
     import alpa_pass as ap

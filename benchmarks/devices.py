@@ -4,8 +4,17 @@ from __future__ import annotations
 import os
 
 
-def simulate_cpu_devices(num_devices: int) -> None:
-    """Make jax see ``num_devices`` CPU devices; must run before jax is imported."""
-    flag = f"--xla_force_host_platform_device_count={num_devices}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+# XLA's memory-minimising CPU scheduler: the schedule alpa_pass's memory model assumes (the default
+# concurrency-optimised one starts collectives as early as it can: driver/jit.py
+# CPU_MEMORY_SCHEDULER_FLAG, the same flag).
+MEMORY_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def simulate_cpu_devices(num_devices: int, memory_scheduler: bool = False) -> None:
+    """Make jax see ``num_devices`` CPU devices (with ``memory_scheduler``, compiled with XLA's
+    memory-minimising scheduler); must run before jax is imported."""
+    flags = [f"--xla_force_host_platform_device_count={num_devices}"]
+    if memory_scheduler and "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+        flags.append(MEMORY_SCHEDULER_FLAG)
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
