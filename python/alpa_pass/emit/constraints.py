@@ -87,18 +87,13 @@ def slice_first(src, dst, shape, mesh_shape) -> list | None:
     ``[S(x), S(y)]`` first makes it a free slice followed by the planned all-gather.
     """
     mid = [d if s == -1 else s for s, d in zip(src, dst)]
-    if list(mid) in (list(src), list(dst)):
+    if list(mid) in (list(src), list(dst)) or not _divides(mid, shape, mesh_shape):
         return None
-    for dim, size in enumerate(shape):
-        n = 1
-        for axis, d in enumerate(mid):
-            n *= mesh_shape[axis] if d == dim else 1
-        if size % n:
-            return None
     return mid
 
 
 def _divides(spec, shape, mesh_shape) -> bool:
+    """Whether each dim of ``shape`` splits evenly over the mesh axes ``spec`` puts on it."""
     for dim, size in enumerate(shape):
         n = 1
         for axis, d in enumerate(spec):
