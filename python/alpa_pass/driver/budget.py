@@ -38,7 +38,7 @@ MAX_ROW_ROUNDS = 3
 # free plan breaks 2769 rows, 1351 of them undominated.
 FILTER_BROKEN_ROWS = 64
 # Re-solves with the reshard copies of the plans found so far counted in the memory rows
-# (fit_reshard_copies), before the last plan is kept with a warning.
+# (fit_reshard_copies), before the least-memory plan is tried.
 MAX_COPY_ROUNDS = 4
 LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort
 
@@ -135,8 +135,8 @@ def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None,
             solution = solve_within_budget(problem, budget, options, where)
         except InfeasibleError:
             break  # the copies' rows overcount (a copy counted where its producer already has the layout)
-    log.info("alpa_pass: mesh %s: no fitting plan after %d re-solves with reshard copies; trying the "
-             "least-memory plan", where, round_ + 1)
+    log.warning("alpa_pass: mesh %s: no plan fits the budget with its reshard copies after %d re-solves; "
+                "keeping the least-memory plan if it fits (its cost can be far higher)", where, round_ + 1)
     return problem, _least_memory_solution(problem, budget, options, where)
 
 
