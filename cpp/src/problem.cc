@@ -352,8 +352,12 @@ CopyRange completed(const ShardingProblem& p, CopyRange c) {
   c.bytes = p.value_bytes[u] / static_cast<double>(num_shards(c.layout, p.mesh));
   c.strategies.clear();
   const auto& list = p.nodes[c.consumer].list;
+  // a producer in the consumer's group takes the same strategy index: the copy is exact there
+  const bool same_group = p.node_group[u] == p.node_group[c.consumer];
   for (size_t k = 0; k < list.size(); ++k) {
-    if (same_layout(list[k].ins[c.operand], c.layout, p.mesh)) c.strategies.push_back(static_cast<int64_t>(k));
+    if (!same_layout(list[k].ins[c.operand], c.layout, p.mesh)) continue;
+    if (same_group && same_layout(p.nodes[u].list[k].out, c.layout, p.mesh)) continue;
+    c.strategies.push_back(static_cast<int64_t>(k));
   }
   return c;
 }

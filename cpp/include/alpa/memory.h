@@ -46,7 +46,9 @@ struct MemoryModel {
 // One consumer's share of a reshard copy: the copy of operand `operand` of node `consumer` in
 // layout `layout`, live over [start, end]; `bytes` per device. In a memory row it counts when the
 // consumer's group takes one of `strategies` (those reading the operand in `layout`), whatever its
-// producer's layout (an upper bound: no copy when the producer already has the layout).
+// producer's layout (an upper bound: no copy when the producer already has the layout), except that
+// a producer in the consumer's group (same strategy index) is known: strategies where it already
+// has the layout are left out.
 struct CopyRange {
   int64_t consumer = 0, operand = 0;
   Spec layout;

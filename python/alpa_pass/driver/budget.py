@@ -6,6 +6,7 @@ in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -40,17 +41,27 @@ FILTER_BROKEN_ROWS = 64
 # Re-solves with the reshard copies of the plans found so far counted in the memory rows
 # (fit_reshard_copies), before the least-memory plan is tried.
 MAX_COPY_ROUNDS = 4
-LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort
+# A re-solve with reshard copies counted starts with the memory rows the previous plan fills past
+# this fraction of the budget instead of none (LLaMA-8B 8x8 at 40 GiB: ~58 of 3720 rows; the free
+# solve it replaces took ~4 s a round and broke ~16).
+HINT_ROW_FRACTION = 0.97
+LEAST_MEMORY_STATUS = "least-memory plan"
+# Re-solves of the least-memory problem with the reshard copies of its last plan counted
+# (least_memory_plan; 3-layer GPT 1x8: the first plan's copies made its peak 1.5x its rows').
+LEAST_MEMORY_COPY_ROUNDS = 2  # Solution.status of fit_reshard_copies' last resort
 
 
-def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str) -> Solution:
+def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str,
+                        hint=None, copies: ReshardCopies | None = None) -> Solution:
     """Solve ``problem.ilp`` (a ``_core.ShardingProblem``, memory rows included when ``budget``).
 
     With a budget, memory rows are added lazily (:func:`_solve_with_row_generation`): the ILP is
     solved without them (a plan meeting them all is the optimum: that of a relaxation, and
     feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
     ILP is solved with every memory row no other row dominates. A default budget is often met by
-    the free plan (one solve, no rows).
+    the free plan (one solve, no rows). ``hint``: a plan of a similar problem whose nearly full
+    rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
+    ``ReshardCopies``, which the least-memory plan counts (``least_memory_plan``).
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -64,17 +75,18 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     """
     budgeted = budget is not None and problem.num_memory_rows > 0
     redundant = None
+    rows = memory_row_matrix(problem.ilp) if budgeted else None
     try:
-        if budgeted and row_wise_lower_bound(problem.ilp) > budget:
+        if budgeted and row_wise_lower_bound(problem.ilp, rows) > budget:
             # some memory row exceeds the budget with every group at its least coefficient in it:
             # no plan fits, proven in closed form (LLaMA-8B seq 8192 at 80 GiB: round 1 with the
             # 2711 rows the free plan broke took 205 s to prove it)
             raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
         if budgeted:
-            found, redundant = _solve_with_row_generation(problem, options, where)
+            found, redundant = _solve_with_row_generation(problem, options, where, hint, rows)
             if found is not None:
                 return found
-            redundant = redundant_memory_rows(problem.ilp) if redundant is None else redundant
+            redundant = redundant_memory_rows(problem.ilp, rows=rows) if redundant is None else redundant
             log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
                      len(redundant), problem.num_memory_rows)
         return solve_ilp(problem.ilp, options, drop_rows=redundant)
@@ -84,10 +96,10 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         if isinstance(e, SolverError) and options.objective_bound is not None:
             raise  # a mesh search's cutoff (or a stop) on a shape that cannot beat the best one
         options = dataclasses.replace(options, objective_bound=None)
-        found = least_memory_plan(problem, options)
+        found = least_memory_plan(problem, options, copies)
         if found is None:
             raise
-        smallest, assignment = found
+        smallest, assignment, _ = found
         if smallest <= budget:
             if isinstance(e, InfeasibleError):
                 raise  # the budget is not what makes it infeasible
@@ -95,8 +107,55 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
-def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None, options: SolveOptions,
-                       where: str) -> tuple:
+def layout_twins(layout, mesh_shape) -> list:
+    """``layout`` (a tensor dim or -1 per mesh axis) and its images under every permutation of
+    mesh axes of equal size, distinct, ``layout`` first: on a square mesh a plan and its mirror
+    (axes swapped) cost the same, so a copy counted in one layout only moves the solver to its
+    mirror, which makes the same copy in the twin layout."""
+    layout = tuple(int(d) for d in layout)
+    out = [layout]
+    by_size: dict = {}
+    for axis, size in enumerate(mesh_shape):
+        by_size.setdefault(size, []).append(axis)
+    for axes in by_size.values():
+        if len(axes) < 2:
+            continue
+        for base in list(out):
+            for perm in itertools.permutations(axes):
+                twin = list(base)
+                for src, dst in zip(axes, perm):
+                    twin[dst] = base[src]
+                if tuple(twin) not in out:
+                    out.append(tuple(twin))
+    return out
+
+
+class ReshardCopies:
+    """The reshard copies a problem's memory rows count (``build_sharding_problem(copies=...)``),
+    gathered from the plans solved so far, each with its ``layout_twins``; ``add`` rebuilds the
+    problem with those of one more plan (``rebuild()``: the problem built with ``as_list()``)."""
+
+    def __init__(self, rebuild, mesh_shape):
+        self._rebuild = rebuild
+        self.mesh_shape = tuple(mesh_shape)
+        self._counted: dict = {}  # (consumer, operand, layout, start, end) -> None, in insertion order
+
+    def __len__(self) -> int:
+        return len(self._counted)
+
+    def as_list(self) -> list:
+        return [(c, t, list(w), a, b) for c, t, w, a, b in self._counted]
+
+    def add(self, problem, assignment):
+        """``problem`` rebuilt with the reshard copies of ``assignment`` (a strategy per group) counted too."""
+        for consumer, operand, layout, start, end, _ in problem.reshard_copies(np.asarray(assignment, dtype=np.int64)):
+            for twin in layout_twins(layout, self.mesh_shape):
+                self._counted[(int(consumer), int(operand), twin, int(start), int(end))] = None
+        return self._rebuild()
+
+
+def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budget: int | None,
+                       options: SolveOptions, where: str) -> tuple:
     """(problem, solution) whose plan fits ``budget`` with its reshard copies counted.
 
     Memory rows count values in their own layouts; a consumer reading one in another layout reads
@@ -105,7 +164,7 @@ def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None,
     Which copies a plan makes depends on both ends of each edge, so they are added lazily: while the
     plan's peak with its copies (``problem.predicted_peak``) exceeds the budget, its copies join
     the memory rows (counted whenever their consumer reads the operand in that layout: an upper
-    bound) and the ILP is solved again (``rebuild(copies) -> problem``), at most
+    bound) and the ILP is solved again (``copies.add``), at most
     ``MAX_COPY_ROUNDS`` times. When no round's plan fits (or the rows with the copies admit no
     plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``). Rounds
     are counted, not timed: the plan does not depend on the machine.
@@ -114,7 +173,6 @@ def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None,
     """
     if budget is None or problem.num_memory_rows == 0:
         return problem, solution
-    copies: dict = {}
     for round_ in range(MAX_COPY_ROUNDS + 1):
         peak = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
         if peak <= budget * (1 + 1e-9):
@@ -124,45 +182,44 @@ def fit_reshard_copies(rebuild, problem, solution: Solution, budget: int | None,
             return problem, solution
         if round_ == MAX_COPY_ROUNDS:
             break
-        found = problem.reshard_copies(np.asarray(solution.assignment, dtype=np.int64))
-        for consumer, operand, layout, start, end, _ in found:
-            copies[(int(consumer), int(operand), tuple(layout), int(start), int(end))] = None
-        log.info("alpa_pass: mesh %s: plan peak %s with its %d reshard copies exceeds the budget %s; "
-                 "solving again with them counted (round %d)", where, _gib(peak), len(found), _gib(budget),
-                 round_ + 1)
-        problem = rebuild([(c, t, list(w), a, b) for c, t, w, a, b in copies])
+        log.info("alpa_pass: mesh %s: plan peak %s with its reshard copies exceeds the budget %s; "
+                 "solving again with them counted (round %d)", where, _gib(peak), _gib(budget), round_ + 1)
+        problem = copies.add(problem, solution.assignment)
         try:
-            solution = solve_within_budget(problem, budget, options, where)
+            solution = solve_within_budget(problem, budget, options, where, hint=solution.assignment, copies=copies)
         except InfeasibleError:
             break  # the copies' rows overcount (a copy counted where its producer already has the layout)
     log.warning("alpa_pass: mesh %s: no plan fits the budget with its reshard copies after %d re-solves; "
                 "keeping the least-memory plan if it fits (its cost can be far higher)", where, round_ + 1)
-    return problem, _least_memory_solution(problem, budget, options, where)
+    return _least_memory_solution(problem, budget, options, where, copies)
 
 
-def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str) -> Solution:
-    """The least-memory plan of ``problem`` (``least_memory_plan``) as a Solution when its peak,
-    reshard copies included, fits ``budget``; else the InfeasibleError naming that peak."""
+def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str, copies) -> tuple:
+    """(problem, the least-memory plan of ``problem`` (``least_memory_plan``) as a Solution) when
+    its peak, reshard copies included, fits ``budget``; else the InfeasibleError naming that peak."""
     t = time.perf_counter()
     options = dataclasses.replace(options, objective_bound=None)
-    found = least_memory_plan(problem, options)
+    found = least_memory_plan(problem, options, copies)
     if found is None:
         raise InfeasibleError(f"no sharding plan on mesh {where} meets the memory rows")
-    peak, assignment = found
+    peak, assignment, problem = found
     if peak > budget * (1 + 1e-9):
         raise infeasible_error(where, budget, peak, memory_lower_bound(problem, options, budget))
     assignment = np.asarray(assignment, dtype=np.int64)
     x = np.zeros(int(problem.ilp.num_cols))
     x[np.asarray(problem.ilp.group_var_start)[:-1] + assignment] = 1.0  # group columns (edges unset)
-    return Solution(assignment=assignment, x=x, objective=float(_core.evaluate(problem.ilp, assignment).objective),
-                    status=LEAST_MEMORY_STATUS, optimal=False, mip_gap=math.nan, time_limited=False,
-                    solve_time_s=time.perf_counter() - t)
+    return problem, Solution(assignment=assignment, x=x,
+                             objective=float(_core.evaluate(problem.ilp, assignment).objective),
+                             status=LEAST_MEMORY_STATUS, optimal=False, mip_gap=math.nan, time_limited=False,
+                             solve_time_s=time.perf_counter() - t)
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tuple:
+def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, rows) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
     with all rows; ``redundant_memory_rows`` once computed, else None): round 0 solves without
-    memory rows; each round adds the rows its plan breaks (past ``FILTER_BROKEN_ROWS``, only
+    memory rows, or, given a ``hint`` plan (a strategy per group: the last plan of
+    fit_reshard_copies), with the rows that plan fills past ``HINT_ROW_FRACTION`` of their budget;
+    ``rows``: memory_row_matrix(problem.ilp). Each round adds the rows its plan breaks (past ``FILTER_BROKEN_ROWS``, only
     those no other row dominates: a broken dominated row's dominator is broken too, and implies
     it) and solves again. A plan that meets every row is the budgeted optimum (within the MIP
     gap): it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
@@ -170,10 +227,14 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tu
     ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
     ilp = problem.ilp
     start, n = int(ilp.linear_row_start), int(ilp.num_rows)
-    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
-                                shape=(n, int(ilp.num_cols)))
-    rows, upper = a[start:, :].tocsr(), np.asarray(ilp.row_upper)[start:]
+    upper = np.asarray(ilp.row_upper)[start:]
     active = np.zeros(n - start, dtype=bool)
+    if hint is not None:
+        x = np.zeros(int(ilp.num_cols))
+        x[np.asarray(ilp.group_var_start)[:-1] + np.asarray(hint, dtype=np.int64)] = 1.0
+        active = rows @ x > upper * HINT_ROW_FRACTION
+        log.info("alpa_pass: mesh %s: %d memory rows within %g of the budget at the hint plan start in the ILP",
+                 where, int(active.sum()), 1 - HINT_ROW_FRACTION)
     redundant, maximal = None, None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
@@ -194,7 +255,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tu
                      where, round_, int(active.sum()), active.size)
             return solution, redundant
         if redundant is None and broken.sum() > FILTER_BROKEN_ROWS:
-            redundant = redundant_memory_rows(ilp)
+            redundant = redundant_memory_rows(ilp, rows=rows)
             maximal = np.ones(n - start, dtype=bool)
             maximal[redundant - start] = False
         added = broken if maximal is None or not (broken & maximal).any() else broken & maximal
@@ -204,7 +265,22 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str) -> tu
     return None, redundant
 
 
-def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarray:
+def memory_row_matrix(ilp) -> scipy.sparse.csr_matrix:
+    """The ILP's linear (memory) rows as a CSR matrix over all columns, duplicates summed and
+    columns sorted per row; built from the CSC arrays by masking (scipy's row slicing of a CSC
+    matrix costs ~1 s on LLaMA-8B 8x8)."""
+    start = int(ilp.linear_row_start)
+    index = np.asarray(ilp.a_index)
+    col_start = np.asarray(ilp.a_start)
+    keep = index >= start
+    cols = np.repeat(np.arange(col_start.size - 1, dtype=np.int64), np.diff(col_start))[keep]
+    m = scipy.sparse.csr_matrix((np.asarray(ilp.a_value)[keep], (index[keep] - start, cols)),
+                                shape=(int(ilp.num_rows) - start, int(ilp.num_cols)))
+    m.sum_duplicates()
+    return m
+
+
+def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9, rows=None) -> np.ndarray:
     """Indices of memory rows that another memory row dominates (every coefficient <= the
     other's, same upper bound), compared within ``window`` schedule points: dropping them leaves
     the feasible plans, and so the optimum, unchanged. Memory rows are the live bytes at
@@ -215,10 +291,7 @@ def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9) -> np.ndarra
     start = int(ilp.linear_row_start)
     if start >= ilp.num_rows:
         return np.zeros(0, dtype=np.int64)
-    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
-                                shape=(int(ilp.num_rows), int(ilp.num_cols)))
-    m = a[start:, :].tocsr()
-    m.sum_duplicates()
+    m = memory_row_matrix(ilp) if rows is None else rows
     upper = np.asarray(ilp.row_upper)[start:]
     n = m.shape[0]
     dropped = np.zeros(n, dtype=bool)
@@ -260,15 +333,27 @@ def infeasible_error(where: str, budget: float, smallest: float, lower: float | 
     return err
 
 
-def least_memory_plan(problem, options: SolveOptions) -> tuple | None:
-    """(peak bytes, assignment) of the plan of ``problem`` with the least per-device peak (None if
-    no plan exists at all, e.g. contradictory ties): "minimise M, every memory row <= M" (same
-    one-hot and tie constraints, no costs), within the solver's gap of the optimum."""
-    try:  # the least peak itself, not an estimate within the support gap
-        solution = solve_ilp(_core.min_max_row_problem(problem.ilp), dataclasses.replace(options, support_gap=None))
-    except (InfeasibleError, SolverError):
-        return None
-    return float(problem.predicted_peak(solution.assignment)[0]), solution.assignment
+def least_memory_plan(problem, options: SolveOptions, copies: ReshardCopies | None = None) -> tuple | None:
+    """(peak bytes, assignment, problem) of the plan of ``problem`` with the least per-device peak
+    (None if no plan exists at all, e.g. contradictory ties): "minimise M, every memory row <= M"
+    (same one-hot and tie constraints, no costs), within the solver's gap of the optimum. The peak
+    counts the plan's reshard copies, which the rows do not: given ``copies``, the problem is
+    rebuilt with the copies of each plan found and solved again, ``LEAST_MEMORY_COPY_ROUNDS``
+    times, and the plan with the least peak is kept (with the problem it was found in)."""
+    best = None
+    for round_ in range(LEAST_MEMORY_COPY_ROUNDS + 1):
+        try:  # the least peak itself, not an estimate within the support gap
+            solution = solve_ilp(_core.min_max_row_problem(problem.ilp), dataclasses.replace(options, support_gap=None))
+        except (InfeasibleError, SolverError):
+            break
+        peak = float(problem.predicted_peak(solution.assignment)[0])
+        if best is None or peak < best[0]:
+            best = (peak, solution.assignment, problem)
+        rows_peak = float(solution.objective)
+        if copies is None or round_ == LEAST_MEMORY_COPY_ROUNDS or peak <= rows_peak * (1 + 1e-9):
+            break  # (the last: the rows already count every copy at its peak)
+        problem = copies.add(problem, solution.assignment)
+    return best
 
 
 def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
@@ -292,22 +377,23 @@ def memory_lower_bound(problem, options: SolveOptions, budget: float | None = No
     return cheap if lp is None else max(cheap, lp)
 
 
-def row_wise_lower_bound(ilp) -> float:
+def row_wise_lower_bound(ilp, rows=None) -> float:
     """max over memory rows of the sum over ILP groups of the group's least coefficient in the
     row (0 unless every strategy of the group appears in it): each row at its own minimum, with
     every group free, so no plan (tied or not, any edges) has a peak below it."""
     start = int(ilp.linear_row_start)
     if start >= ilp.num_rows:
         return 0.0
-    a = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
-                                shape=(int(ilp.num_rows), int(ilp.num_cols)))
     groups = np.asarray(ilp.group_var_start, dtype=np.int64)
-    m = a[start:, groups[0]:groups[-1]].tocoo()
-    group = np.searchsorted(groups, m.col + groups[0], side="right") - 1
+    m = memory_row_matrix(ilp) if rows is None else rows  # sorted columns per row: entries come ordered by (row, group)
+    row = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
+    inside = (m.indices >= groups[0]) & (m.indices < groups[-1])
+    if not inside.any():
+        return 0.0
+    row, value = row[inside], m.data[inside]
+    group = np.searchsorted(groups, m.indices[inside], side="right") - 1
     sizes = np.diff(groups)
-    key = m.row.astype(np.int64) * len(sizes) + group
-    order = np.argsort(key, kind="stable")
-    key, value = key[order], m.data[order]
+    key = row * len(sizes) + group
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     least = np.minimum.reduceat(value, first)
     count = np.diff(np.r_[first, key.size])

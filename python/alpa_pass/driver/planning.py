@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import (fit_reshard_copies, infeasible_error, memory_lower_bound, resolve_budget,
-                                     solve_within_budget)
+from alpa_pass.driver.budget import (ReshardCopies, fit_reshard_copies, infeasible_error, memory_lower_bound,
+                                     resolve_budget, solve_within_budget)
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -138,8 +138,6 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         progress.stage(f"build ILP (mesh {where}, {graph.num_nodes} ops)")
     t = time.perf_counter()
 
-    copies = []  # reshard copies the memory rows count (fit_reshard_copies)
-
     def build(opt):
         return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh), opt.to_core(), list(ties),
                                             list(graph.donated_args),
@@ -147,11 +145,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                                             list(pinned_uses),
                                             [] if graph.weights is None else list(graph.weights),
                                             [] if graph.comm_weights is None else list(graph.comm_weights),
-                                            copies)
+                                            copies.as_list())
 
-    def rebuild(found):
-        copies[:] = found
-        return build(option)
+    copies = ReshardCopies(lambda: build(option), mesh.shape)  # what the memory rows count
     problem = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
@@ -163,7 +159,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
     try:
-        solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where)
+        solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where,
+                                       copies=copies)
     except InfeasibleError as e:
         loop_ties = set(map(tuple, graph.ties)) & set(map(tuple, ties))
         if loop_ties:
@@ -182,7 +179,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
                               tied_infeasible or e)
     first_solve_s, t = solution.solve_time_s, time.perf_counter()
-    problem, solution = fit_reshard_copies(rebuild, problem, solution, option.memory_budget_per_device,
+    problem, solution = fit_reshard_copies(copies, problem, solution, option.memory_budget_per_device,
                                            option.solve_options(), where)
     timings["solve"] = first_solve_s + (time.perf_counter() - t if copies else 0.0)
     _warn_if_limited(solution, option, where)
