@@ -83,7 +83,7 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
             # 2711 rows the free plan broke took 205 s to prove it)
             raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
         if budgeted:
-            found, redundant = _solve_with_row_generation(problem, options, where, hint, rows)
+            found, redundant, problem, rows = _solve_with_row_generation(problem, options, where, hint, rows, copies)
             if found is not None:
                 return found
             redundant = redundant_memory_rows(problem.ilp, rows=rows) if redundant is None else redundant
@@ -139,6 +139,7 @@ class ReshardCopies:
         self._rebuild = rebuild
         self.mesh_shape = tuple(mesh_shape)
         self._counted: dict = {}  # (consumer, operand, layout, start, end) -> None, in insertion order
+        self.problem = None  # the last problem rebuilt
 
     def __len__(self) -> int:
         return len(self._counted)
@@ -151,7 +152,8 @@ class ReshardCopies:
         for consumer, operand, layout, start, end, _ in problem.reshard_copies(np.asarray(assignment, dtype=np.int64)):
             for twin in layout_twins(layout, self.mesh_shape):
                 self._counted[(int(consumer), int(operand), twin, int(start), int(end))] = None
-        return self._rebuild()
+        self.problem = self._rebuild()
+        return self.problem
 
 
 def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budget: int | None,
@@ -214,7 +216,7 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
                              solve_time_s=time.perf_counter() - t)
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, rows) -> tuple:
+def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, rows, copies=None) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
     with all rows; ``redundant_memory_rows`` once computed, else None): round 0 solves without
     memory rows, or, given a ``hint`` plan (a strategy per group: the last plan of
@@ -228,13 +230,16 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     ilp = problem.ilp
     start, n = int(ilp.linear_row_start), int(ilp.num_rows)
     upper = np.asarray(ilp.row_upper)[start:]
-    active = np.zeros(n - start, dtype=bool)
-    if hint is not None:
+
+    def rows_near(assignment):
         x = np.zeros(int(ilp.num_cols))
-        x[np.asarray(ilp.group_var_start)[:-1] + np.asarray(hint, dtype=np.int64)] = 1.0
-        active = rows @ x > upper * HINT_ROW_FRACTION
+        x[np.asarray(ilp.group_var_start)[:-1] + np.asarray(assignment, dtype=np.int64)] = 1.0
+        near = rows @ x > upper * HINT_ROW_FRACTION
         log.info("alpa_pass: mesh %s: %d memory rows within %g of the budget at the hint plan start in the ILP",
-                 where, int(active.sum()), 1 - HINT_ROW_FRACTION)
+                 where, int(near.sum()), 1 - HINT_ROW_FRACTION)
+        return near
+
+    active = np.zeros(n - start, dtype=bool) if hint is None else rows_near(hint)
     redundant, maximal = None, None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
@@ -242,18 +247,28 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         except SolverError:
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
-            return None, redundant
+            return None, redundant, problem, rows
         # an InfeasibleError propagates: a relaxation with no plan proves the full ILP has none
         if solution.time_limited:
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
-            return None, redundant
+            return None, redundant, problem, rows
+        if round_ == 0 and hint is None and copies is not None and \
+                problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0] > upper.max():
+            # the free plan's reshard copies: most are the budgeted plan's too (counting them now
+            # saves fit_reshard_copies a re-solve); its nearly full rows start in the ILP
+            problem = copies.add(problem, solution.assignment)
+            ilp = problem.ilp
+            start, n = int(ilp.linear_row_start), int(ilp.num_rows)
+            upper, rows = np.asarray(ilp.row_upper)[start:], memory_row_matrix(ilp)
+            active = rows_near(solution.assignment)
+            continue
         x = np.zeros(int(ilp.num_cols))
         x[:] = solution.x
         broken = (rows @ x > upper * (1 + 1e-9) + 1e-6) & ~active
         if not broken.any():
             log.info("alpa_pass: mesh %s: budgeted optimum after %d row rounds with %d of %d memory rows",
                      where, round_, int(active.sum()), active.size)
-            return solution, redundant
+            return solution, redundant, problem, rows
         if redundant is None and broken.sum() > FILTER_BROKEN_ROWS:
             redundant = redundant_memory_rows(ilp, rows=rows)
             maximal = np.ones(n - start, dtype=bool)
@@ -262,7 +277,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         active |= added
         log.info("alpa_pass: mesh %s: row round %d broke %d memory rows; %d undominated added (%d in the ILP "
                  "now)", where, round_, int(broken.sum()), int(added.sum()), int(active.sum()))
-    return None, redundant
+    return None, redundant, problem, rows
 
 
 def memory_row_matrix(ilp) -> scipy.sparse.csr_matrix:

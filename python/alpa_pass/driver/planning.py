@@ -161,6 +161,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     try:
         solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where,
                                        copies=copies)
+        problem = copies.problem or problem  # the free plan's copies may be counted now
     except InfeasibleError as e:
         loop_ties = set(map(tuple, graph.ties)) & set(map(tuple, ties))
         if loop_ties:
