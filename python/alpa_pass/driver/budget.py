@@ -45,6 +45,10 @@ MAX_COPY_ROUNDS = 4
 # this fraction of the budget instead of none (LLaMA-8B 8x8 at 40 GiB: ~58 of 3720 rows; the free
 # solve it replaces took ~4 s a round and broke ~16).
 HINT_ROW_FRACTION = 0.97
+# The free plan's reshard copies are counted before the first budgeted solve when its peak with
+# them is within this factor of the budget (LLaMA-8B 8x8 at 40 GiB: 42.5 GiB, one re-solve fewer;
+# GPT-39B 8x8 at 80 GiB: 207.8 GiB, whose copies are not the budgeted plan's: 28 s more).
+FREE_COPIES_WITHIN = 1.25
 LEAST_MEMORY_STATUS = "least-memory plan"
 # Re-solves of the least-memory problem with the reshard copies of its last plan counted
 # (least_memory_plan; 3-layer GPT 1x8: the first plan's copies made its peak 1.5x its rows').
@@ -252,10 +256,12 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         if solution.time_limited:
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None, redundant, problem, rows
-        if round_ == 0 and hint is None and copies is not None and \
-                problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0] > upper.max():
-            # the free plan's reshard copies: most are the budgeted plan's too (counting them now
-            # saves fit_reshard_copies a re-solve); its nearly full rows start in the ILP
+        free_peak = problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0] \
+            if round_ == 0 and hint is None and copies is not None else 0.0
+        if upper.max() < free_peak <= upper.max() * FREE_COPIES_WITHIN:
+            # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
+            # (counting them now saves fit_reshard_copies a re-solve); its nearly full rows start
+            # in the ILP
             problem = copies.add(problem, solution.assignment)
             ilp = problem.ilp
             start, n = int(ilp.linear_row_start), int(ilp.num_rows)
