@@ -40,7 +40,11 @@ MAX_ROW_ROUNDS = 3
 FILTER_BROKEN_ROWS = 64
 # Re-solves with the reshard copies of the plans found so far counted in the memory rows
 # (fit_reshard_copies), before the least-memory plan is tried.
-MAX_COPY_ROUNDS = 4
+MAX_COPY_ROUNDS = 2
+# Then re-solves with the memory rows' budget lowered each time by the last plan's excess (its
+# copies counted too): each plan makes a few copies no earlier plan made (GPT 2x2 at 0.8 of the
+# free peak: 4 plain re-solves never fit, the least-memory plan cost 5.2x).
+TIGHTENED_COPY_ROUNDS = 4
 # A re-solve with reshard copies counted starts with the memory rows the previous plan fills past
 # this fraction of the budget instead of none (LLaMA-8B 8x8 at 40 GiB: ~58 of 3720 rows; the free
 # solve it replaces took ~4 s a round and broke ~16).
@@ -51,7 +55,8 @@ HINT_ROW_FRACTION = 0.97
 FREE_COPIES_WITHIN = 1.25
 LEAST_MEMORY_STATUS = "least-memory plan"
 # Re-solves of the least-memory problem with the reshard copies of its last plan counted
-# (least_memory_plan; 3-layer GPT 1x8: the first plan's copies made its peak 1.5x its rows').
+# (least_memory_plan, when fit_reshard_copies falls back to it; not for the InfeasibleError's
+# estimate: on LLaMA-8B seq 8192 at 80 GiB they took the error from 40 to 190 s).
 LEAST_MEMORY_COPY_ROUNDS = 2  # Solution.status of fit_reshard_copies' last resort
 
 
@@ -65,7 +70,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     ILP is solved with every memory row no other row dominates. A default budget is often met by
     the free plan (one solve, no rows). ``hint``: a plan of a similar problem whose nearly full
     rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
-    ``ReshardCopies``, which the least-memory plan counts (``least_memory_plan``).
+    ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
+    budgeted solve (then ``copies.problem`` is the problem solved).
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -100,7 +106,7 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         if isinstance(e, SolverError) and options.objective_bound is not None:
             raise  # a mesh search's cutoff (or a stop) on a shape that cannot beat the best one
         options = dataclasses.replace(options, objective_bound=None)
-        found = least_memory_plan(problem, options, copies)
+        found = least_memory_plan(problem, options)  # (without copy rounds: LLaMA-8B seq 8192 40 -> 190 s)
         if found is None:
             raise
         smallest, assignment, _ = found
@@ -151,12 +157,13 @@ class ReshardCopies:
     def as_list(self) -> list:
         return [(c, t, list(w), a, b) for c, t, w, a, b in self._counted]
 
-    def add(self, problem, assignment):
-        """``problem`` rebuilt with the reshard copies of ``assignment`` (a strategy per group) counted too."""
+    def add(self, problem, assignment, row_budget=None):
+        """``problem`` rebuilt with the reshard copies of ``assignment`` (a strategy per group) counted
+        too, its memory rows bounded by ``row_budget`` (None: the option's budget)."""
         for consumer, operand, layout, start, end, _ in problem.reshard_copies(np.asarray(assignment, dtype=np.int64)):
             for twin in layout_twins(layout, self.mesh_shape):
                 self._counted[(int(consumer), int(operand), twin, int(start), int(end))] = None
-        self.problem = self._rebuild()
+        self.problem = self._rebuild(row_budget)
         return self.problem
 
 
@@ -170,8 +177,10 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
     Which copies a plan makes depends on both ends of each edge, so they are added lazily: while the
     plan's peak with its copies (``problem.predicted_peak``) exceeds the budget, its copies join
     the memory rows (counted whenever their consumer reads the operand in that layout: an upper
-    bound) and the ILP is solved again (``copies.add``), at most
-    ``MAX_COPY_ROUNDS`` times. When no round's plan fits (or the rows with the copies admit no
+    bound) and the ILP is solved again (``copies.add``), ``MAX_COPY_ROUNDS`` times, then
+    ``TIGHTENED_COPY_ROUNDS`` times with the rows' bound lowered by the last plan's excess over the
+    budget (a deterministic step towards the least-memory plan; halfway back when that admits no
+    plan). When no round's plan fits (or the rows with the copies admit no
     plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``). Rounds
     are counted, not timed: the plan does not depend on the machine.
 
@@ -179,22 +188,32 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
     """
     if budget is None or problem.num_memory_rows == 0:
         return problem, solution
-    for round_ in range(MAX_COPY_ROUNDS + 1):
+    row_budget = solved_at = budget  # the rows' bound now, and that of the last plan found
+    for round_ in range(MAX_COPY_ROUNDS + TIGHTENED_COPY_ROUNDS + 1):
         peak = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
         if peak <= budget * (1 + 1e-9):
             if round_:
                 log.info("alpa_pass: mesh %s: the plan fits the budget with its reshard copies after %d "
-                         "re-solves (%d copies in the memory rows)", where, round_, len(copies))
+                         "re-solves (%d copies in the memory rows, rows at %s GiB)", where, round_, len(copies),
+                         _gib(row_budget))
             return problem, solution
-        if round_ == MAX_COPY_ROUNDS:
+        if round_ == MAX_COPY_ROUNDS + TIGHTENED_COPY_ROUNDS:
             break
-        log.info("alpa_pass: mesh %s: plan peak %s with its reshard copies exceeds the budget %s; "
-                 "solving again with them counted (round %d)", where, _gib(peak), _gib(budget), round_ + 1)
-        problem = copies.add(problem, solution.assignment)
+        if round_ >= MAX_COPY_ROUNDS and row_budget == solved_at:  # (not right after backing off)
+            row_budget = max(0, int(row_budget - (peak - budget)))  # each plan misses new copies: make room
+        log.info("alpa_pass: mesh %s: plan peak %s with its reshard copies exceeds the budget %s; solving again "
+                 "with them counted, rows at %s GiB (round %d)", where, _gib(peak), _gib(budget), _gib(row_budget),
+                 round_ + 1)
+        hint = solution.assignment
+        problem = copies.add(problem, hint, None if row_budget == budget else row_budget)
         try:
-            solution = solve_within_budget(problem, budget, options, where, hint=solution.assignment, copies=copies)
+            found = solve_within_budget(problem, row_budget, options, where, hint=hint, copies=copies)
         except InfeasibleError:
-            break  # the copies' rows overcount (a copy counted where its producer already has the layout)
+            if row_budget == budget:
+                break  # the copies' rows overcount (a copy counted where its producer already has the layout)
+            row_budget = (row_budget + solved_at) // 2  # tightened too far: halfway back
+            continue
+        solution, solved_at = found, row_budget
     log.warning("alpa_pass: mesh %s: no plan fits the budget with its reshard copies after %d re-solves; "
                 "keeping the least-memory plan if it fits (its cost can be far higher)", where, round_ + 1)
     return _least_memory_solution(problem, budget, options, where, copies)

@@ -147,7 +147,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                                             [] if graph.comm_weights is None else list(graph.comm_weights),
                                             copies.as_list())
 
-    copies = ReshardCopies(lambda: build(option), mesh.shape)  # what the memory rows count
+    copies = ReshardCopies(  # the copies the memory rows count; rebuilt with rows at another budget
+        lambda budget: build(option if budget is None else dataclasses.replace(option, memory_budget_per_device=budget)),
+        mesh.shape)
     problem = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
