@@ -53,11 +53,11 @@ HINT_ROW_FRACTION = 0.97
 # them is within this factor of the budget (LLaMA-8B 8x8 at 40 GiB: 42.5 GiB, one re-solve fewer;
 # GPT-39B 8x8 at 80 GiB: 207.8 GiB, whose copies are not the budgeted plan's: 28 s more).
 FREE_COPIES_WITHIN = 1.25
-LEAST_MEMORY_STATUS = "least-memory plan"
+LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort
 # Re-solves of the least-memory problem with the reshard copies of its last plan counted
 # (least_memory_plan, when fit_reshard_copies falls back to it; not for the InfeasibleError's
 # estimate: on LLaMA-8B seq 8192 at 80 GiB they took the error from 40 to 190 s).
-LEAST_MEMORY_COPY_ROUNDS = 2  # Solution.status of fit_reshard_copies' last resort
+LEAST_MEMORY_COPY_ROUNDS = 2
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str,
@@ -143,7 +143,8 @@ def layout_twins(layout, mesh_shape) -> list:
 class ReshardCopies:
     """The reshard copies a problem's memory rows count (``build_sharding_problem(copies=...)``),
     gathered from the plans solved so far, each with its ``layout_twins``; ``add`` rebuilds the
-    problem with those of one more plan (``rebuild()``: the problem built with ``as_list()``)."""
+    problem with those of one more plan (``rebuild(row_budget)``: the problem built with
+    ``as_list()``, its memory rows bounded by ``row_budget`` or, if None, the option's budget)."""
 
     def __init__(self, rebuild, mesh_shape):
         self._rebuild = rebuild
@@ -241,7 +242,8 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
 
 def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, rows, copies=None) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
-    with all rows; ``redundant_memory_rows`` once computed, else None): round 0 solves without
+    with all rows; ``redundant_memory_rows`` once computed, else None; the problem solved and its
+    ``rows``, rebuilt when a free plan that nearly fits had its copies counted): round 0 solves without
     memory rows, or, given a ``hint`` plan (a strategy per group: the last plan of
     fit_reshard_copies), with the rows that plan fills past ``HINT_ROW_FRACTION`` of their budget;
     ``rows``: memory_row_matrix(problem.ilp). Each round adds the rows its plan breaks (past ``FILTER_BROKEN_ROWS``, only
