@@ -9,7 +9,8 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import layout_twins, redundant_memory_rows, row_wise_lower_bound, solve_within_budget
+from alpa_pass.driver.budget import (ReshardCopies, layout_twins, redundant_memory_rows, row_wise_lower_bound,
+                                     solve_within_budget)
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph
 
@@ -411,3 +412,29 @@ def test_layout_twins_mirror_axes_of_equal_size(layout, mesh_shape, want):
     plan costs the same and makes the mirrored copy (LLaMA-8B 8x8 at 40 GiB flipped between the
     two for every re-solve before)."""
     assert layout_twins(list(layout), mesh_shape) == want
+
+
+def test_free_plan_copies_that_leave_no_plan_are_dropped():
+    """A free plan that nearly fits has its reshard copies (here none) counted before the first
+    budgeted solve; copies counted on the consumer side can overcount (no plan left): then the
+    budgeted problem is solved without them, as if they had never been counted."""
+    graph = built_graph(shared_weight())
+
+    def build(budget):
+        return _core.build_sharding_problem(graph, MESH14, options(budget), [])
+
+    free = solve_ilp(build(0.0).ilp, SolveOptions(rel_gap=0.0))
+    peak = build(1e12).predicted_peak(free.assignment)[0]
+    budget = peak / 1.1  # the free plan breaks it, within FREE_COPIES_WITHIN
+    want = solve_within_budget(build(budget), budget, SolveOptions(rel_gap=0.0), "1x4")
+    rebuilt = []
+
+    def overcounting(row_budget):  # stands for copy rows no plan meets
+        rebuilt.append(row_budget)
+        return build(1.0)
+
+    copies = ReshardCopies(overcounting, (1, 4))
+    got = solve_within_budget(build(budget), budget, SolveOptions(rel_gap=0.0), "1x4", copies=copies)
+    assert rebuilt == [None], "the free plan's copies were not counted: weak test"
+    assert len(copies) == 0 and copies.problem is None
+    assert got.objective == pytest.approx(want.objective) and list(got.assignment) == list(want.assignment)

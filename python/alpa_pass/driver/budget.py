@@ -155,6 +155,10 @@ class ReshardCopies:
     def __len__(self) -> int:
         return len(self._counted)
 
+    def clear(self) -> None:
+        self._counted.clear()
+        self.problem = None
+
     def as_list(self) -> list:
         return [(c, t, list(w), a, b) for c, t, w, a, b in self._counted]
 
@@ -265,7 +269,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         return near
 
     active = np.zeros(n - start, dtype=bool) if hint is None else rows_near(hint)
-    redundant, maximal = None, None
+    redundant, maximal, unswapped = None, None, None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
             solution = solve_ilp(ilp, options, drop_rows=np.flatnonzero(~active) + start)
@@ -273,7 +277,13 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
             return None, redundant, problem, rows
-        # an InfeasibleError propagates: a relaxation with no plan proves the full ILP has none
+        except InfeasibleError:
+            if unswapped is None:
+                raise  # a relaxation with no plan proves the full ILP has none
+            # the free plan's copies overcount (counted where a producer may have the layout)
+            log.info("alpa_pass: mesh %s: no plan with the free plan's reshard copies counted; without them", where)
+            copies.clear()
+            return _solve_with_row_generation(unswapped[0], options, where, None, unswapped[1])
         if solution.time_limited:
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None, redundant, problem, rows
@@ -283,6 +293,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
             # (counting them now saves fit_reshard_copies a re-solve); its nearly full rows start
             # in the ILP
+            unswapped = (problem, rows)
             problem = copies.add(problem, solution.assignment)
             ilp = problem.ilp
             start, n = int(ilp.linear_row_start), int(ilp.num_rows)
