@@ -409,12 +409,6 @@ def least_memory_plan(problem, options: SolveOptions, copies: ReshardCopies | No
     return best
 
 
-def smallest_feasible_peak(problem, options: SolveOptions) -> float | None:
-    """The least per-device peak any plan of ``problem`` reaches (``least_memory_plan``)."""
-    found = least_memory_plan(problem, options)
-    return None if found is None else found[0]
-
-
 def memory_lower_bound(problem, options: SolveOptions, budget: float | None = None) -> float | None:
     """A proven lower bound on the per-device peak of every plan of ``problem`` (memory rows
     needed): :func:`row_wise_lower_bound` (closed form) and, unless that already exceeds
