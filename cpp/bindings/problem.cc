@@ -1,11 +1,14 @@
 // alpa_pass._core: ShardingProblem (problem.h) and build_sharding_problem.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -78,6 +81,13 @@ nb::dict tie_stats_dict(const TieStats& st) {
   return d;
 }
 
+void check_assignment(const ShardingProblem& p, const In1<int64_t>& assignment) {
+  if (static_cast<int64_t>(assignment.shape(0)) != p.ilp.num_groups()) {
+    throw std::invalid_argument("assignment has " + std::to_string(assignment.shape(0)) +
+                                " entries, expected one per group (" + std::to_string(p.ilp.num_groups()) + ")");
+  }
+}
+
 // (consumer, operand, layout, start, end) -> CopyRange (bytes and strategies: completed_copies).
 using CopyIn = std::tuple<int64_t, int64_t, Spec, int64_t, int64_t>;
 
@@ -143,7 +153,45 @@ void bind_problem(nb::module_& m) {
         return to_numpy(std::move(f), {p.nodes.size()});
       }, kOwned, "int64[N]: leader operand node of each node, or -1.")
       .def_ro("num_memory_rows", &ShardingProblem::num_memory_rows,
-              "ILP linear rows from memory_budget_per_device (0 without a budget).")
+              "Memory-budget rows (0 without a budget); not in ilp: ilp_with_memory_rows.")
+      .def_prop_ro("memory_row_points", [](const ShardingProblem& p) { return view(p, p.memory_rows.points); },
+                   "int64[R]: the program point of each memory row (its maximal live set).")
+      .def_prop_ro("memory_row_upper", [](const ShardingProblem& p) { return p.memory_rows.upper; },
+                   "Every memory row's upper bound (the budget the problem was built with).")
+      .def("memory_row_activity", [](const ShardingProblem& p, In1<int64_t> assignment) {
+        check_assignment(p, assignment);
+        auto out = memory_row_activity(p.memory, p.nodes, p.node_group, p.memory_rows, to_vector(assignment));
+        const size_t n = out.size();
+        return to_numpy(std::move(out), {n});
+      }, "assignment"_a, kOwned, "float64[R]: each memory row's activity under a strategy per group (memory.h).")
+      .def("memory_row_lower_bound", [](const ShardingProblem& p) {
+        return memory_row_lower_bound(p.memory, p.nodes, p.node_group, p.memory_rows);
+      }, "max over memory rows of the sum over groups of their least coefficient: no plan's peak is\n"
+         "below it (0.0 without rows).")
+      .def("memory_row_matrix", [](const ShardingProblem& p, std::optional<In1<int64_t>> which) {
+        std::vector<int64_t> w;
+        if (which) w = to_vector(*which);
+        const auto rows = materialise_memory_rows(p.memory, p.nodes, p.node_group, p.memory_rows,
+                                                  which ? &w : nullptr);
+        std::vector<int64_t> indptr{0}, indices;
+        std::vector<double> data;
+        for (const IlpLinearRow& r : rows) {
+          for (const IlpRowEntry& e : r.entries) {
+            indices.push_back(p.ilp.group_var_start[e.group] + e.strategy);
+            data.push_back(e.coeff);
+          }
+          indptr.push_back(static_cast<int64_t>(indices.size()));
+        }
+        const size_t nr = indptr.size(), nz = indices.size();
+        return std::make_tuple(to_numpy(std::move(indptr), {nr}), to_numpy(std::move(indices), {nz}),
+                               to_numpy(std::move(data), {nz}));
+      }, "which"_a = nb::none(), "(indptr, indices, data): the memory rows `which` (ascending indices; None: all)\n"
+         "as CSR over the ILP's columns, columns ascending per row; ValueError for a bad index.")
+      .def("ilp_with_memory_rows", [](const ShardingProblem& p, std::optional<In1<int64_t>> which) {
+        std::vector<int64_t> w;
+        if (which) w = to_vector(*which);
+        return ilp_with_memory_rows(p, which ? &w : nullptr);
+      }, "which"_a = nb::none(), "ilp with the memory rows `which` (ascending indices; None: all) as its linear rows.")
       .def_prop_ro("live_nodes", [](const ShardingProblem& p) { return view(p, p.memory.node); },
                    "int64[L]: the values that count towards memory (memory.h).")
       .def_prop_ro("live_start", [](const ShardingProblem& p) { return view(p, p.memory.start); },

@@ -9,11 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 
 #include "alpa/op_attrs.h"
 
@@ -204,40 +202,12 @@ std::vector<int64_t> group_offsets(const std::vector<NodeStrategies>& nodes,
   return start;
 }
 
-// A hash of a row's entries: identical rows are found by hash, then compared entry by entry.
-uint64_t row_hash(const IlpLinearRow& row) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ULL; };
-  for (const IlpRowEntry& e : row.entries) {
-    mix(static_cast<uint64_t>(e.group));
-    mix(static_cast<uint64_t>(e.strategy));
-    uint64_t bits;
-    std::memcpy(&bits, &e.coeff, sizeof bits);
-    mix(bits);
-  }
-  return h;
-}
-
-bool same_entries(const IlpLinearRow& a, const IlpLinearRow& b) {
-  return a.entries.size() == b.entries.size() &&
-         std::equal(a.entries.begin(), a.entries.end(), b.entries.begin(), [](const IlpRowEntry& x, const IlpRowEntry& y) {
-           return x.group == y.group && x.strategy == y.strategy && x.coeff == y.coeff;
-         });
-}
-
 }  // namespace
 
-std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
-                                      const std::vector<int64_t>& node_group, double budget,
-                                      const std::vector<CopyRange>& copies) {
-  RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}, {}};
-  b.coeff.assign(b.group_start.back(), 0.0);
-  b.in_row.assign(b.group_start.size() - 1, 0);
-  std::vector<size_t> copy_order(copies.size());
-  std::iota(copy_order.begin(), copy_order.end(), 0);
-  std::stable_sort(copy_order.begin(), copy_order.end(),
-                   [&](size_t x, size_t y) { return copies[x].start < copies[y].start; });
-  std::vector<int64_t> points = m.points;
+MemoryRows make_memory_rows(const MemoryModel& m, int64_t num_nodes, double budget, std::vector<CopyRange> copies) {
+  MemoryRows rows;
+  rows.upper = budget;
+  rows.points = m.points;
   if (!copies.empty()) {  // maximal points of values and copies together
     std::vector<std::pair<int64_t, int64_t>> all;
     for (size_t i = 0; i < m.start.size(); ++i) all.emplace_back(m.start[i], m.end[i]);
@@ -248,30 +218,134 @@ std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<No
       start.push_back(s);
       end.push_back(e);
     }
-    points = maximal_points(start, end, static_cast<int64_t>(nodes.size()));
+    rows.points = maximal_points(start, end, num_nodes);
   }
-  std::vector<IlpLinearRow> rows;
-  std::unordered_multimap<uint64_t, size_t> seen;  // identical rows are merged (the first kept)
+  std::stable_sort(copies.begin(), copies.end(), [](const CopyRange& x, const CopyRange& y) { return x.start < y.start; });
+  rows.copies = std::move(copies);
+  return rows;
+}
+
+std::vector<IlpLinearRow> materialise_memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                                  const std::vector<int64_t>& node_group, const MemoryRows& rows,
+                                                  const std::vector<int64_t>* which) {
+  const auto num_rows = static_cast<int64_t>(rows.points.size());
+  std::vector<int64_t> all;
+  if (which == nullptr) {
+    all.resize(num_rows);
+    std::iota(all.begin(), all.end(), 0);
+    which = &all;
+  }
+  for (size_t i = 0; i < which->size(); ++i) {
+    const int64_t r = (*which)[i];
+    if (r < 0 || r >= num_rows || (i > 0 && r <= (*which)[i - 1])) {
+      throw std::invalid_argument("memory row " + std::to_string(r) + ": rows must be ascending indices below " +
+                                  std::to_string(num_rows));
+    }
+  }
+  RowBuilder b{nodes, node_group, group_offsets(nodes, node_group), {}, {}, {}};
+  b.coeff.assign(b.group_start.back(), 0.0);
+  b.in_row.assign(b.group_start.size() - 1, 0);
+  const std::vector<CopyRange>& copies = rows.copies;  // sorted by start
+  std::vector<IlpLinearRow> out;
+  out.reserve(which->size());
   std::vector<size_t> active, active_copies;
   size_t next = 0, next_copy = 0;
-  for (int64_t t : points) {
+  for (int64_t r : *which) {
+    const int64_t t = rows.points[r];
     while (next < m.start.size() && m.start[next] <= t) active.push_back(next++);
     std::erase_if(active, [&](size_t i) { return m.end[i] < t; });
     for (size_t i : active) b.add(m.node[i]);
-    while (next_copy < copy_order.size() && copies[copy_order[next_copy]].start <= t) {
-      active_copies.push_back(copy_order[next_copy++]);
-    }
+    while (next_copy < copies.size() && copies[next_copy].start <= t) active_copies.push_back(next_copy++);
     std::erase_if(active_copies, [&](size_t i) { return copies[i].end < t; });
     for (size_t i : active_copies) b.add_copy(copies[i]);
-    IlpLinearRow row = b.take(budget, t);
-    const uint64_t h = row_hash(row);
-    const auto [lo, hi] = seen.equal_range(h);
-    if (std::none_of(lo, hi, [&](const auto& kv) { return same_entries(rows[kv.second], row); })) {
-      seen.emplace(h, rows.size());
-      rows.push_back(std::move(row));
-    }
+    out.push_back(b.take(rows.upper, t));
   }
-  return rows;
+  return out;
+}
+
+namespace {
+
+bool takes(const CopyRange& c, int64_t k) {  // strategies are ascending (completed_copies)
+  return std::binary_search(c.strategies.begin(), c.strategies.end(), k);
+}
+
+}  // namespace
+
+std::vector<double> memory_row_activity(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                        const std::vector<int64_t>& node_group, const MemoryRows& rows,
+                                        const std::vector<int64_t>& group_assignment) {
+  const auto n = static_cast<int64_t>(nodes.size());
+  auto strategy = [&](int64_t v) {
+    const int64_t g = node_group[v];
+    if (g < 0 || g >= static_cast<int64_t>(group_assignment.size()) || group_assignment[g] < 0 ||
+        group_assignment[g] >= static_cast<int64_t>(nodes[v].list.size())) {
+      throw std::invalid_argument("assignment has no valid strategy for group " + std::to_string(g) +
+                                  " (node " + std::to_string(v) + ")");
+    }
+    return group_assignment[g];
+  };
+  std::vector<double> delta(n + 1, 0.0);
+  for (size_t i = 0; i < m.node.size(); ++i) {
+    const double bytes = nodes[m.node[i]].list[strategy(m.node[i])].memory;
+    delta[m.start[i]] += bytes;
+    delta[m.end[i] + 1] -= bytes;
+  }
+  for (const CopyRange& c : rows.copies) {
+    if (!takes(c, strategy(c.consumer))) continue;
+    delta[c.start] += c.bytes;
+    delta[c.end + 1] -= c.bytes;
+  }
+  std::vector<double> live(n, 0.0);
+  double sum = 0.0;
+  for (int64_t t = 0; t < n; ++t) live[t] = sum += delta[t];
+  std::vector<double> out;
+  out.reserve(rows.points.size());
+  for (int64_t t : rows.points) out.push_back(live[t]);
+  return out;
+}
+
+double memory_row_lower_bound(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                              const std::vector<int64_t>& node_group, const MemoryRows& rows) {
+  const std::vector<int64_t> group_start = group_offsets(nodes, node_group);
+  const auto num_groups = static_cast<int64_t>(group_start.size()) - 1;
+  std::vector<double> coeff(group_start.back(), 0.0), least(num_groups, 0.0);
+  double total = 0.0;
+  auto refresh = [&](int64_t g) {  // the group's least coefficient after a change
+    const double old = least[g];
+    const double* c = coeff.data() + group_start[g];
+    least[g] = std::max(0.0, *std::min_element(c, c + (group_start[g + 1] - group_start[g])));
+    total += least[g] - old;
+  };
+  auto add_value = [&](size_t i, double sign) {
+    const int64_t v = m.node[i], g = node_group[v];
+    const auto& list = nodes[v].list;
+    for (size_t k = 0; k < list.size(); ++k) coeff[group_start[g] + k] += sign * list[k].memory;
+    refresh(g);
+  };
+  auto add_copy = [&](const CopyRange& c, double sign) {
+    const int64_t g = node_group[c.consumer];
+    for (int64_t k : c.strategies) coeff[group_start[g] + k] += sign * c.bytes;
+    refresh(g);
+  };
+  // values and copies leave in the order of their ends
+  std::vector<size_t> by_end(m.node.size()), copy_by_end(rows.copies.size());
+  std::iota(by_end.begin(), by_end.end(), 0);
+  std::iota(copy_by_end.begin(), copy_by_end.end(), 0);
+  std::stable_sort(by_end.begin(), by_end.end(), [&](size_t a, size_t b) { return m.end[a] < m.end[b]; });
+  std::stable_sort(copy_by_end.begin(), copy_by_end.end(),
+                   [&](size_t a, size_t b) { return rows.copies[a].end < rows.copies[b].end; });
+  size_t next = 0, next_copy = 0, gone = 0, gone_copy = 0;
+  double best = 0.0;
+  for (int64_t t : rows.points) {
+    while (next < m.start.size() && m.start[next] <= t) add_value(next++, 1.0);
+    while (next_copy < rows.copies.size() && rows.copies[next_copy].start <= t) add_copy(rows.copies[next_copy++], 1.0);
+    while (gone < by_end.size() && m.end[by_end[gone]] < t) add_value(by_end[gone++], -1.0);
+    while (gone_copy < copy_by_end.size() && rows.copies[copy_by_end[gone_copy]].end < t) {
+      add_copy(rows.copies[copy_by_end[gone_copy++]], -1.0);
+    }
+    best = std::max(best, total);
+  }
+  return best;
 }
 
 PeakMemory peak_memory(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,

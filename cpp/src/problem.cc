@@ -316,13 +316,11 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     p.operand_start.push_back(static_cast<int64_t>(p.operand_ids.size()));
     p.value_bytes.push_back(graph.bytes(v));
   }
-  std::vector<IlpLinearRow> rows;
+  p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs));
   if (options.memory_budget_per_device > 0.0) {
-    rows = memory_rows(p.memory, p.nodes, p.node_group, options.memory_budget_per_device,
-                       completed_copies(p, copies));
+    p.memory_rows = make_memory_rows(p.memory, n, options.memory_budget_per_device, completed_copies(p, copies));
+    p.num_memory_rows = static_cast<int64_t>(p.memory_rows.points.size());
   }
-  p.num_memory_rows = static_cast<int64_t>(rows.size());
-  p.ilp = build_ilp(std::move(as.group_costs), std::move(as.edges), std::move(eqs), std::move(rows));
   return p;
 }
 
@@ -407,6 +405,11 @@ std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vecto
     }
   }
   return out;
+}
+
+IlpProblem ilp_with_memory_rows(const ShardingProblem& p, const std::vector<int64_t>* which) {
+  return build_ilp(p.ilp.group_costs, p.ilp.edges, p.ilp.equalities,
+                   materialise_memory_rows(p.memory, p.nodes, p.node_group, p.memory_rows, which));
 }
 
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment) {

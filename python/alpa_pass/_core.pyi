@@ -435,7 +435,41 @@ class ShardingProblem:
 
     @property
     def num_memory_rows(self) -> int:
-        """ILP linear rows from memory_budget_per_device (0 without a budget)."""
+        """
+        Memory-budget rows (0 without a budget); not in ilp: ilp_with_memory_rows.
+        """
+
+    @property
+    def memory_row_points(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
+        """int64[R]: the program point of each memory row (its maximal live set)."""
+
+    @property
+    def memory_row_upper(self) -> float:
+        """
+        Every memory row's upper bound (the budget the problem was built with).
+        """
+
+    def memory_row_activity(self, assignment: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> NDArray[numpy.float64]:
+        """
+        float64[R]: each memory row's activity under a strategy per group (memory.h).
+        """
+
+    def memory_row_lower_bound(self) -> float:
+        """
+        max over memory rows of the sum over groups of their least coefficient: no plan's peak is
+        below it (0.0 without rows).
+        """
+
+    def memory_row_matrix(self, which: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None) -> tuple[NDArray[numpy.int64], NDArray[numpy.int64], NDArray[numpy.float64]]:
+        """
+        (indptr, indices, data): the memory rows `which` (ascending indices; None: all)
+        as CSR over the ILP's columns, columns ascending per row; ValueError for a bad index.
+        """
+
+    def ilp_with_memory_rows(self, which: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None) -> IlpProblem:
+        """
+        ilp with the memory rows `which` (ascending indices; None: all) as its linear rows.
+        """
 
     @property
     def live_nodes(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:

@@ -9,7 +9,7 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import (ReshardCopies, layout_twins, redundant_memory_rows, row_wise_lower_bound,
+from alpa_pass.driver.budget import (ReshardCopies, layout_twins, memory_row_matrix, redundant_memory_rows,
                                      solve_within_budget)
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph
@@ -167,8 +167,9 @@ def all_assignments(ilp):
 
 def test_memory_rows_bound_the_peak_of_every_assignment():
     prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget=1e9), [], [0])
-    ilp = prob.ilp
-    assert prob.num_memory_rows == ilp.num_linear_rows == 2
+    assert prob.ilp.num_linear_rows == 0, "memory rows stay out of the ILP until materialised"
+    ilp = prob.ilp_with_memory_rows()
+    assert prob.num_memory_rows == ilp.num_linear_rows == 2 and list(prob.memory_row_points) == [2, 5]
     rows = np.arange(ilp.linear_row_start, ilp.num_rows)
     assert np.all(np.isinf(ilp.row_lower[rows])) and np.all(ilp.row_upper[rows] == 1e9)
     graph = mlp().build()
@@ -177,6 +178,7 @@ def test_memory_rows_bound_the_peak_of_every_assignment():
         peak, at = prob.predicted_peak(a)
         assert peak == pytest.approx(reference_peak(prob, a, 7, graph))
         acts = row_activity(ilp, rows, s_columns(ilp, a))
+        assert np.allclose(prob.memory_row_activity(a), acts, rtol=1e-12)
         if not reference_copies(prob, graph, a, (1, 4)):
             without_copies += 1
             assert peak == pytest.approx(acts.max()), "the peak is reached at a maximal live set"
@@ -196,10 +198,13 @@ def test_budget_plans_match_brute_force():
         prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(budget), [])
         feasible = [a for a, p in zip(assignments, peaks) if p <= budget]
         best = min(_core.evaluate(prob.ilp, a).objective for a in feasible)
-        sol = solve_ilp(prob.ilp, SolveOptions(rel_gap=0.0))
+        ilp = prob.ilp_with_memory_rows()
+        sol = solve_ilp(ilp, SolveOptions(rel_gap=0.0))
         assert sol.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
         assert rows_peak(prob, sol.assignment) <= budget
-        assert not _core.evaluate(prob.ilp, sol.assignment).violations
+        assert not _core.evaluate(ilp, sol.assignment).violations
+        assert solve_within_budget(prob, budget, SolveOptions(rel_gap=0.0), "1x4").objective == \
+            pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
 def test_infeasible_budget_names_the_least_peak():
@@ -217,7 +222,7 @@ def test_infeasible_budget_names_the_least_peak():
 
 
 def test_dropping_dominated_memory_rows_keeps_the_optimum():
-    """``redundant_memory_rows``: of three budget rows, the one below another coefficient-wise
+    """``redundant_memory_rows``: of four budget rows, the one below another coefficient-wise
     and one of two equal rows are dropped; the optimum is the brute-force one at every budget."""
     groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
     edges = [(0, 1, np.array([[0.0, 5.0, 1.0], [2.0, 0.0, 1.0]]))]
@@ -228,25 +233,72 @@ def test_dropping_dominated_memory_rows_keeps_the_optimum():
         rows = [(*small, -np.inf, upper), (*big, -np.inf, upper), (*big, -np.inf, upper), (*other, -np.inf, upper)]
         prob = _core.build_ilp(groups, edges, rows=rows)
         start = prob.linear_row_start
-        assert list(redundant_memory_rows(prob)) == [start, start + 1]  # small, and the first of the equal pair
+        m = csr_rows(prob, np.arange(start, prob.num_rows))
+        assert list(redundant_memory_rows(m)) == [0, 1]  # small, and the first of the equal pair
         plans = [np.array(a) for a in itertools.product(range(2), range(3))]
         feasible = [a for a in plans if not _core.evaluate(prob, a).violations]
-        sol = solve_ilp(prob, SolveOptions(rel_gap=0.0), drop_rows=redundant_memory_rows(prob))
+        sol = solve_ilp(prob, SolveOptions(rel_gap=0.0), drop_rows=start + redundant_memory_rows(m))
         assert not _core.evaluate(prob, sol.assignment).violations
         assert sol.objective == pytest.approx(min(_core.evaluate(prob, a).objective for a in feasible))
 
 
-def test_row_wise_lower_bound():
-    """Each row at its own minimum: a group counts only where all its strategies are in the row."""
-    groups = [np.array([1.0, 2.0]), np.array([0.0, 1.0, 3.0])]
-    big = (np.array([0, 0, 1, 1, 1]), np.array([0, 1, 0, 1, 2]), np.array([10.0, 4.0, 6.0, 2.0, 3.0]))
-    part = (np.array([0, 0, 1]), np.array([0, 1, 2]), np.array([7.0, 8.0, 9.0]))
-    prob = _core.build_ilp(groups, [], rows=[(*big, -np.inf, 100.0), (*part, -np.inf, 100.0)])
-    assert row_wise_lower_bound(prob) == pytest.approx(max(4.0 + 2.0, 7.0))
-    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
-    least = min(rows_peak(free, a) for a in all_assignments(free.ilp))
-    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least), [])
-    assert 0 < row_wise_lower_bound(prob.ilp) <= least
+def csr_rows(ilp, rows):
+    """Rows ``rows`` of an IlpProblem's matrix as a scipy CSR matrix (from its CSC arrays)."""
+    import scipy.sparse
+
+    m = scipy.sparse.csc_matrix((ilp.a_value, ilp.a_index, ilp.a_start), shape=(ilp.num_rows, ilp.num_cols))
+    return m.tocsr()[rows]
+
+
+def reference_row_lower_bound(ilp):
+    """max over linear rows of the sum over groups of the group's least coefficient in the row
+    (0 unless every strategy of the group appears in it): the definition."""
+    gs = np.asarray(ilp.group_var_start)
+    m = csr_rows(ilp, np.arange(ilp.linear_row_start, ilp.num_rows)).toarray()
+    return max(sum(row[gs[g]:gs[g + 1]].min() for g in range(gs.size - 1)) for row in m)
+
+
+def test_memory_row_lower_bound_is_each_row_at_its_own_minimum():
+    """The closed-form bound (one sweep over the points, values and copies entering and leaving)
+    equals the definition over the materialised rows, copies included, and is below every plan's
+    rows."""
+    free = _core.build_sharding_problem(built_graph(shared_weight()), MESH14, options(), [])
+    plans = all_assignments(free.ilp)
+    checked = 0
+    for a in [None] + [a for a in plans if free.reshard_copies(a)][::5]:
+        copies = [] if a is None else [c[:5] for c in free.reshard_copies(a)]
+        prob = _core.build_sharding_problem(built_graph(shared_weight()), MESH14, options(1e12), [], copies=copies)
+        bound = prob.memory_row_lower_bound()
+        assert bound == pytest.approx(reference_row_lower_bound(prob.ilp_with_memory_rows()), rel=1e-12)
+        assert 0 < bound <= min(prob.memory_row_activity(p).max() for p in plans) + 1e-6
+        checked += 1
+    assert checked >= 3
+    assert free.memory_row_lower_bound() == 0.0 and free.num_memory_rows == 0
+
+
+def test_memory_rows_materialise_on_demand():
+    """``memory_row_matrix(which)``: the rows ``ilp_with_memory_rows`` gets, any ascending subset;
+    its product with a plan's columns is ``memory_row_activity``."""
+    free = _core.build_sharding_problem(built_graph(shared_weight()), MESH14, options(), [])
+    a = next(a for a in all_assignments(free.ilp) if free.reshard_copies(a))
+    prob = _core.build_sharding_problem(built_graph(shared_weight()), MESH14, options(1e12), [],
+                                        copies=[c[:5] for c in free.reshard_copies(a)])
+    ilp = prob.ilp_with_memory_rows()
+    n = prob.num_memory_rows
+    assert n == ilp.num_linear_rows >= 2
+    full = memory_row_matrix(prob)
+    assert abs(full - csr_rows(ilp, np.arange(ilp.linear_row_start, ilp.num_rows))).max() == 0
+    which = np.arange(n)[::2]
+    assert abs(memory_row_matrix(prob, which) - full[which]).max() == 0
+    part = prob.ilp_with_memory_rows(which)
+    assert part.num_linear_rows == which.size and part.num_cols == ilp.num_cols
+    for p in all_assignments(free.ilp)[::3]:
+        assert np.allclose(full @ s_columns(ilp, p), prob.memory_row_activity(p), rtol=1e-12)
+    for bad in ([n], [1, 0], [-1]):
+        with pytest.raises(ValueError, match="ascending indices"):
+            prob.memory_row_matrix(np.asarray(bad, dtype=np.int64))
+    with pytest.raises(ValueError, match="one per group"):
+        prob.memory_row_activity(np.zeros(1, dtype=np.int64))
 
 
 @pytest.mark.parametrize("filter_above", [64, 0])
@@ -266,7 +318,7 @@ def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch, filter
     real = budget_module.solve_ilp
 
     def record(ilp, opts, start=None, drop_rows=None):
-        kept_rows.append(ilp.num_rows - ilp.linear_row_start - len(drop_rows if drop_rows is not None else ()))
+        kept_rows.append(ilp.num_linear_rows - len(drop_rows if drop_rows is not None else ()))
         return real(ilp, opts, start=start, drop_rows=drop_rows)
 
     monkeypatch.setattr(budget_module, "solve_ilp", record)
@@ -378,11 +430,12 @@ def test_copies_in_the_rows_bound_the_peak_of_the_plan_they_came_from():
         copies = free.reshard_copies(a)
         prob = _core.build_sharding_problem(built_graph(shared_weight()), MESH14, options(1e12), [],
                                             copies=[c[:5] for c in copies])
-        rows = np.arange(prob.ilp.linear_row_start, prob.ilp.num_rows)
-        acts = row_activity(prob.ilp, rows, s_columns(prob.ilp, a))
+        ilp = prob.ilp_with_memory_rows()
+        rows = np.arange(ilp.linear_row_start, ilp.num_rows)
+        acts = row_activity(ilp, rows, s_columns(ilp, a))
         assert acts.max() == pytest.approx(prob.predicted_peak(a)[0])  # exact for the plan itself
         for other in assignments[::7]:  # an upper bound on the values of every plan
-            assert row_activity(prob.ilp, rows, s_columns(prob.ilp, other)).max() >= rows_peak_of(prob, other, graph) - 1e-6
+            assert row_activity(ilp, rows, s_columns(ilp, other)).max() >= rows_peak_of(prob, other, graph) - 1e-6
 
 
 def rows_peak_of(prob, assignment, graph):

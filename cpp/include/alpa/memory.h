@@ -61,14 +61,39 @@ struct CopyRange {
 // Throws std::invalid_argument for an index that names no argument.
 MemoryModel build_memory_model(const Graph& g, const std::vector<int64_t>& donated_args);
 
-// One row per distinct maximal live set: sum over live values v of memory(v, s) * s[group(v)][s]
-// <= budget. Coefficients of nodes merged into one group add up per (group, strategy) (one-strategy
-// groups included, so a row's activity is the whole live set's bytes); zero coefficients are
-// dropped; identical rows are merged. Named "memory at node <t>". `copies` add their bytes over
-// their ranges (rows at the maximal points of values and copies together).
-std::vector<IlpLinearRow> memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
-                                      const std::vector<int64_t>& node_group, double budget,
-                                      const std::vector<CopyRange>& copies = {});
+// The memory-budget rows of a problem, kept unmaterialised: one row per maximal point of values and
+// copies together, "sum over values v live at the point of memory(v, s) * s[group(v)][s] plus the
+// copies live there (each where its consumer's group takes one of its `strategies`) <= upper".
+// A large model has thousands of rows over most groups (LLaMA-8B 8x8: 3.7k rows, 15M nonzeros, 15x
+// the rest of the ILP), of which a solve needs tens: the rows are materialised only on demand.
+struct MemoryRows {
+  std::vector<int64_t> points;    // one row per point, ascending ("memory at node <t>")
+  std::vector<CopyRange> copies;  // completed (bytes and strategies filled in)
+  double upper = 0.0;             // every row's upper bound (the budget)
+};
+
+// The rows of `m` and `copies` (completed) with upper bound `budget`.
+MemoryRows make_memory_rows(const MemoryModel& m, int64_t num_nodes, double budget, std::vector<CopyRange> copies);
+
+// Rows `which` (ascending indices into rows.points; all if null) as ILP linear rows: coefficients of
+// nodes merged into one group add up per (group, strategy) (one-strategy groups included, so a row's
+// activity is the whole live set's bytes); zero coefficients are dropped. Named "memory at node <t>".
+// Throws std::invalid_argument for an index out of range or out of order.
+std::vector<IlpLinearRow> materialise_memory_rows(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                                  const std::vector<int64_t>& node_group, const MemoryRows& rows,
+                                                  const std::vector<int64_t>* which = nullptr);
+
+// Each row's activity under a strategy index per ILP group (what the materialised row times the
+// assignment's columns gives), in O(nodes + copies).
+std::vector<double> memory_row_activity(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                                        const std::vector<int64_t>& node_group, const MemoryRows& rows,
+                                        const std::vector<int64_t>& group_assignment);
+
+// max over rows of the sum over groups of the group's least coefficient in the row (each row at its
+// own minimum, every group free): no plan of any edges or ties has a peak below it. One sweep over
+// the points, each value and copy entering and leaving once.
+double memory_row_lower_bound(const MemoryModel& m, const std::vector<NodeStrategies>& nodes,
+                              const std::vector<int64_t>& node_group, const MemoryRows& rows);
 
 struct PeakMemory {
   double bytes = 0.0;  // per-device peak

@@ -18,7 +18,8 @@ struct ShardingProblem {
   std::vector<NodeStrategies> nodes;  // per node
   std::vector<int64_t> node_group;    // ILP group of each node; node strategy k == group choice k
   MemoryModel memory;                 // liveness of the materialised values
-  int64_t num_memory_rows = 0;        // ILP linear rows from the memory budget (0 without one)
+  int64_t num_memory_rows = 0;        // memory-budget rows (0 without a budget), not in `ilp`
+  MemoryRows memory_rows;             // them, unmaterialised (ilp_with_memory_rows)
   TieStats repeat;                    // repeated-layer ties (all zero unless tie_repeated_layers)
   std::vector<int64_t> unpinned_uses; // users of `pinned_uses` nodes left free to reshard them
   IlpProblem ilp;
@@ -31,7 +32,8 @@ struct ShardingProblem {
 // `ties`: pairs of nodes whose result specs must be equal (e.g. an output and the parameter it
 // replaces in a training loop); emitted as IlpEquality by spec equality. `donated_args`: flat
 // entry-argument indices whose buffers may be reused (live only until their last use).
-// With options.memory_budget_per_device > 0 the ILP gets memory_rows(...) as linear rows.
+// With options.memory_budget_per_device > 0 the problem gets memory rows (memory.h MemoryRows, with
+// `copies` counted), kept out of `ilp`: ilp_with_memory_rows materialises those a solve needs.
 // With options.tie_repeated_layers the groups of repeated leaders are merged (repeat.h).
 // `pinned`: (node, spec) pairs; the node may only take strategies whose out spec equals spec
 // (entries on size-1 mesh axes are ignored), emitted as a self-equality (u == v) that forbids the
@@ -64,6 +66,9 @@ std::vector<CopyRange> completed_copies(const ShardingProblem& p, const std::vec
 // CopyRange per consumer (the first: [c, c]; each later one from after the previous consumer to
 // itself), in consumer order.
 std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);
+
+// `p.ilp` with the memory rows `which` (ascending indices; all if null) as its linear rows.
+IlpProblem ilp_with_memory_rows(const ShardingProblem& p, const std::vector<int64_t>* which = nullptr);
 
 // Per-device peak memory of a strategy index per ILP group, its reshard copies included (memory.h).
 PeakMemory predicted_peak(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);

@@ -62,11 +62,12 @@ LEAST_MEMORY_COPY_ROUNDS = 2
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str,
                         hint=None, copies: ReshardCopies | None = None) -> Solution:
-    """Solve ``problem.ilp`` (a ``_core.ShardingProblem``, memory rows included when ``budget``).
+    """Solve ``problem`` (a ``_core.ShardingProblem``; its memory rows when ``budget``).
 
-    With a budget, memory rows are added lazily (:func:`_solve_with_row_generation`): the ILP is
-    solved without them (a plan meeting them all is the optimum: that of a relaxation, and
-    feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
+    The memory rows stay out of ``problem.ilp`` (``_core`` memory.h MemoryRows: thousands of rows
+    over most groups on a large model) and are added lazily (:func:`_solve_with_row_generation`):
+    the ILP is solved without them (a plan meeting them all is the optimum: that of a relaxation,
+    and feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
     ILP is solved with every memory row no other row dominates. A default budget is often met by
     the free plan (one solve, no rows). ``hint``: a plan of a similar problem whose nearly full
     rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
@@ -84,22 +85,22 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
       SolverError / InfeasibleError from ``solve_ilp`` when the budget is not the cause.
     """
     budgeted = budget is not None and problem.num_memory_rows > 0
-    redundant = None
-    rows = memory_row_matrix(problem.ilp) if budgeted else None
+    kept = None  # the memory rows of the full budgeted ILP once chosen (None: all)
     try:
-        if budgeted and row_wise_lower_bound(problem.ilp, rows) > budget:
+        if budgeted and problem.memory_row_lower_bound() > budget:
             # some memory row exceeds the budget with every group at its least coefficient in it:
             # no plan fits, proven in closed form (LLaMA-8B seq 8192 at 80 GiB: round 1 with the
             # 2711 rows the free plan broke took 205 s to prove it)
             raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
-        if budgeted:
-            found, redundant, problem, rows = _solve_with_row_generation(problem, options, where, hint, rows, copies)
-            if found is not None:
-                return found
-            redundant = redundant_memory_rows(problem.ilp, rows=rows) if redundant is None else redundant
-            log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
-                     len(redundant), problem.num_memory_rows)
-        return solve_ilp(problem.ilp, options, drop_rows=redundant)
+        if not budgeted:
+            return solve_ilp(problem.ilp, options)
+        found, problem = _solve_with_row_generation(problem, options, where, hint, copies)
+        if found is not None:
+            return found
+        kept = undominated_memory_rows(problem)
+        log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
+                 problem.num_memory_rows - kept.size, problem.num_memory_rows)
+        return solve_ilp(problem.ilp_with_memory_rows(kept), options)
     except (InfeasibleError, SolverError) as e:
         if not budgeted:
             raise
@@ -113,7 +114,7 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         if smallest <= budget:
             if isinstance(e, InfeasibleError):
                 raise  # the budget is not what makes it infeasible
-            return solve_ilp(problem.ilp, options, start=assignment, drop_rows=redundant)  # never worse than it
+            return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=assignment)  # never worse than it
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
@@ -244,108 +245,95 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
                              solve_time_s=time.perf_counter() - t)
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, rows, copies=None) -> tuple:
+def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, copies=None) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
-    with all rows; ``redundant_memory_rows`` once computed, else None; the problem solved and its
-    ``rows``, rebuilt when a free plan that nearly fits had its copies counted): round 0 solves without
-    memory rows, or, given a ``hint`` plan (a strategy per group: the last plan of
-    fit_reshard_copies), with the rows that plan fills past ``HINT_ROW_FRACTION`` of their budget;
-    ``rows``: memory_row_matrix(problem.ilp). Each round adds the rows its plan breaks (past ``FILTER_BROKEN_ROWS``, only
-    those no other row dominates: a broken dominated row's dominator is broken too, and implies
-    it) and solves again. A plan that meets every row is the budgeted optimum (within the MIP
-    gap): it is optimal for a relaxation (fewer rows) and feasible; a relaxation with no plan proves
-    the ILP has none (InfeasibleError). Only finished solves count (a time-limited one or
-    ``MAX_ROW_ROUNDS`` rounds give None), so the result does not depend on the machine."""
-    ilp = problem.ilp
-    start, n = int(ilp.linear_row_start), int(ilp.num_rows)
-    upper = np.asarray(ilp.row_upper)[start:]
+    with all undominated rows; the problem solved, rebuilt when a free plan that nearly fits had
+    its copies counted): round 0 solves without memory rows, or, given a ``hint`` plan (a strategy
+    per group: the last plan of fit_reshard_copies), with the rows that plan fills past
+    ``HINT_ROW_FRACTION`` of their budget. Each round adds the rows its plan breaks (past
+    ``FILTER_BROKEN_ROWS``, only those no other broken row dominates: a broken dominated row's
+    dominator is broken too, and implies it) and solves again. A plan that meets every row is the
+    budgeted optimum (within the MIP gap): it is optimal for a relaxation (fewer rows) and
+    feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). Only finished
+    solves count (a time-limited one or ``MAX_ROW_ROUNDS`` rounds give None), so the result does
+    not depend on the machine."""
+    upper = float(problem.memory_row_upper)
 
     def rows_near(assignment):
-        x = np.zeros(int(ilp.num_cols))
-        x[np.asarray(ilp.group_var_start)[:-1] + np.asarray(assignment, dtype=np.int64)] = 1.0
-        near = rows @ x > upper * HINT_ROW_FRACTION
+        near = problem.memory_row_activity(np.asarray(assignment, dtype=np.int64)) > upper * HINT_ROW_FRACTION
         log.info("alpa_pass: mesh %s: %d memory rows within %g of the budget at the hint plan start in the ILP",
                  where, int(near.sum()), 1 - HINT_ROW_FRACTION)
         return near
 
-    active = np.zeros(n - start, dtype=bool) if hint is None else rows_near(hint)
-    redundant, maximal, unswapped = None, None, None
+    active = np.zeros(problem.num_memory_rows, dtype=bool) if hint is None else rows_near(hint)
+    unswapped = None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
-            solution = solve_ilp(ilp, options, drop_rows=np.flatnonzero(~active) + start)
+            solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options)
         except SolverError:
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
-            return None, redundant, problem, rows
+            return None, problem
         except InfeasibleError:
             if unswapped is None:
                 raise  # a relaxation with no plan proves the full ILP has none
             # the free plan's copies overcount (counted where a producer may have the layout)
             log.info("alpa_pass: mesh %s: no plan with the free plan's reshard copies counted; without them", where)
             copies.clear()
-            return _solve_with_row_generation(unswapped[0], options, where, None, unswapped[1])
+            return _solve_with_row_generation(unswapped, options, where, None)
         if solution.time_limited:
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
-            return None, redundant, problem, rows
-        free_peak = problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0] \
-            if round_ == 0 and hint is None and copies is not None else 0.0
-        if upper.max() < free_peak <= upper.max() * FREE_COPIES_WITHIN:
+            return None, problem
+        assignment = np.asarray(solution.assignment, dtype=np.int64)
+        free_peak = problem.predicted_peak(assignment)[0] if round_ == 0 and hint is None and copies is not None \
+            else 0.0
+        if upper < free_peak <= upper * FREE_COPIES_WITHIN:
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
             # (counting them now saves fit_reshard_copies a re-solve); its nearly full rows start
             # in the ILP
-            unswapped = (problem, rows)
-            problem = copies.add(problem, solution.assignment)
-            ilp = problem.ilp
-            start, n = int(ilp.linear_row_start), int(ilp.num_rows)
-            upper, rows = np.asarray(ilp.row_upper)[start:], memory_row_matrix(ilp)
-            active = rows_near(solution.assignment)
+            unswapped = problem
+            problem = copies.add(problem, assignment)
+            upper = float(problem.memory_row_upper)
+            active = rows_near(assignment)
             continue
-        x = np.zeros(int(ilp.num_cols))
-        x[:] = solution.x
-        broken = (rows @ x > upper * (1 + 1e-9) + 1e-6) & ~active
+        broken = (problem.memory_row_activity(assignment) > upper * (1 + 1e-9) + 1e-6) & ~active
         if not broken.any():
             log.info("alpa_pass: mesh %s: budgeted optimum after %d row rounds with %d of %d memory rows",
                      where, round_, int(active.sum()), active.size)
-            return solution, redundant, problem, rows
-        if redundant is None and broken.sum() > FILTER_BROKEN_ROWS:
-            redundant = redundant_memory_rows(ilp, rows=rows)
-            maximal = np.ones(n - start, dtype=bool)
-            maximal[redundant - start] = False
-        added = broken if maximal is None or not (broken & maximal).any() else broken & maximal
+            return solution, problem
+        added = broken
+        if broken.sum() > FILTER_BROKEN_ROWS:
+            which = np.flatnonzero(broken)
+            added = np.zeros_like(broken)
+            added[np.delete(which, redundant_memory_rows(memory_row_matrix(problem, which)))] = True
         active |= added
         log.info("alpa_pass: mesh %s: row round %d broke %d memory rows; %d undominated added (%d in the ILP "
                  "now)", where, round_, int(broken.sum()), int(added.sum()), int(active.sum()))
-    return None, redundant, problem, rows
+    return None, problem
 
 
-def memory_row_matrix(ilp) -> scipy.sparse.csr_matrix:
-    """The ILP's linear (memory) rows as a CSR matrix over all columns, duplicates summed and
-    columns sorted per row; built from the CSC arrays by masking (scipy's row slicing of a CSC
-    matrix costs ~1 s on LLaMA-8B 8x8)."""
-    start = int(ilp.linear_row_start)
-    index = np.asarray(ilp.a_index)
-    col_start = np.asarray(ilp.a_start)
-    keep = index >= start
-    cols = np.repeat(np.arange(col_start.size - 1, dtype=np.int64), np.diff(col_start))[keep]
-    m = scipy.sparse.csr_matrix((np.asarray(ilp.a_value)[keep], (index[keep] - start, cols)),
-                                shape=(int(ilp.num_rows) - start, int(ilp.num_cols)))
-    m.sum_duplicates()
-    return m
+def memory_row_matrix(problem, which=None) -> scipy.sparse.csr_matrix:
+    """The memory rows ``which`` (ascending indices; None: all) of a ``_core.ShardingProblem`` as
+    a CSR matrix over the ILP's columns, columns ascending per row."""
+    indptr, indices, data = problem.memory_row_matrix(None if which is None else np.asarray(which, dtype=np.int64))
+    return scipy.sparse.csr_matrix((data, indices, indptr), shape=(indptr.size - 1, int(problem.ilp.num_cols)))
 
 
-def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9, rows=None) -> np.ndarray:
-    """Indices of memory rows that another memory row dominates (every coefficient <= the
-    other's, same upper bound), compared within ``window`` schedule points: dropping them leaves
-    the feasible plans, and so the optimum, unchanged. Memory rows are the live bytes at
-    schedule points, so neighbouring points mostly hold subsets of each other's tensors.
+def undominated_memory_rows(problem) -> np.ndarray:
+    """Indices of the memory rows of ``problem`` that no other row dominates (all rows
+    materialised: the fallback when row generation did not finish)."""
+    rows = np.arange(problem.num_memory_rows)
+    return np.delete(rows, redundant_memory_rows(memory_row_matrix(problem)))
+
+
+def redundant_memory_rows(m: scipy.sparse.csr_matrix, window: int = 64, tol: float = 1e-9) -> np.ndarray:
+    """Indices of rows of ``m`` (memory rows in program order, one upper bound for all) that another
+    row dominates (every coefficient <= the other's), compared within ``window`` rows: dropping
+    them leaves the feasible plans, and so the optimum, unchanged. Memory rows are the live bytes
+    at schedule points, so neighbouring points mostly hold subsets of each other's tensors.
 
     A row is dropped only when it is below a row in the strict order "dominated, or equal with a
     lower index"; the maximal rows of that order stay, and every dropped row is below one."""
-    start = int(ilp.linear_row_start)
-    if start >= ilp.num_rows:
-        return np.zeros(0, dtype=np.int64)
-    m = memory_row_matrix(ilp) if rows is None else rows
-    upper = np.asarray(ilp.row_upper)[start:]
     n = m.shape[0]
     dropped = np.zeros(n, dtype=bool)
     for k in range(1, min(window, n - 1) + 1):
@@ -355,11 +343,10 @@ def redundant_memory_rows(ilp, window: int = 64, tol: float = 1e-9, rows=None) -
         no_neg[row_of[d.data < -tol]] = False
         no_pos = np.ones(n - k, dtype=bool)  # m[i + k] <= m[i]
         no_pos[row_of[d.data > tol]] = False
-        same_bound = upper[k:] == upper[:-k]
         equal = no_neg & no_pos
-        dropped[:-k] |= same_bound & no_neg  # m[i] below m[i + k] (equal: the lower index goes)
-        dropped[k:] |= same_bound & no_pos & ~equal
-    return np.flatnonzero(dropped) + start
+        dropped[:-k] |= no_neg  # m[i] below m[i + k] (equal: the lower index goes)
+        dropped[k:] |= no_pos & ~equal
+    return np.flatnonzero(dropped)
 
 
 def _row_range(m: scipy.sparse.csr_matrix, lo: int, hi: int) -> scipy.sparse.csr_matrix:
@@ -396,7 +383,8 @@ def least_memory_plan(problem, options: SolveOptions, copies: ReshardCopies | No
     best = None
     for round_ in range(LEAST_MEMORY_COPY_ROUNDS + 1):
         try:  # the least peak itself, not an estimate within the support gap
-            solution = solve_ilp(_core.min_max_row_problem(problem.ilp), dataclasses.replace(options, support_gap=None))
+            solution = solve_ilp(_core.min_max_row_problem(problem.ilp_with_memory_rows()),
+                                 dataclasses.replace(options, support_gap=None))
         except (InfeasibleError, SolverError):
             break
         peak = float(problem.predicted_peak(solution.assignment)[0])
@@ -411,42 +399,18 @@ def least_memory_plan(problem, options: SolveOptions, copies: ReshardCopies | No
 
 def memory_lower_bound(problem, options: SolveOptions, budget: float | None = None) -> float | None:
     """A proven lower bound on the per-device peak of every plan of ``problem`` (memory rows
-    needed): :func:`row_wise_lower_bound` (closed form) and, unless that already exceeds
+    needed): ``problem.memory_row_lower_bound()`` (each row at its
+    own minimum, every group free: closed form) and, unless that already exceeds
     ``budget``, the LP relaxation of ``_core.min_max_row_problem`` (the larger of the two).
     Deterministic (no branching, no incumbent); the LP part is left out if it does not solve
     (time limit)."""
     if problem.num_memory_rows == 0:
         return None
-    cheap = row_wise_lower_bound(problem.ilp)
+    cheap = problem.memory_row_lower_bound()
     if budget is not None and cheap > budget:
         return cheap
-    lp = lp_bound(_core.min_max_row_problem(problem.ilp), options)
+    lp = lp_bound(_core.min_max_row_problem(problem.ilp_with_memory_rows()), options)
     return cheap if lp is None else max(cheap, lp)
-
-
-def row_wise_lower_bound(ilp, rows=None) -> float:
-    """max over memory rows of the sum over ILP groups of the group's least coefficient in the
-    row (0 unless every strategy of the group appears in it): each row at its own minimum, with
-    every group free, so no plan (tied or not, any edges) has a peak below it."""
-    start = int(ilp.linear_row_start)
-    if start >= ilp.num_rows:
-        return 0.0
-    groups = np.asarray(ilp.group_var_start, dtype=np.int64)
-    m = memory_row_matrix(ilp) if rows is None else rows  # sorted columns per row: entries come ordered by (row, group)
-    row = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
-    inside = (m.indices >= groups[0]) & (m.indices < groups[-1])
-    if not inside.any():
-        return 0.0
-    row, value = row[inside], m.data[inside]
-    group = np.searchsorted(groups, m.indices[inside], side="right") - 1
-    sizes = np.diff(groups)
-    key = row * len(sizes) + group
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    least = np.minimum.reduceat(value, first)
-    count = np.diff(np.r_[first, key.size])
-    full = count == sizes[key[first] % len(sizes)]
-    per_row = np.bincount(key[first][full] // len(sizes), weights=least[full], minlength=m.shape[0])
-    return float(per_row.max()) if per_row.size else 0.0
 
 
 def _gib(nbytes: float) -> str:

@@ -67,7 +67,8 @@ def refine_unmerged(build, problem, solution, option, num_nodes: int):
         return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": skip}
     check_same_objective(unmerged, start, solution.objective)
     try:
-        refined = solve_ilp(unmerged.ilp, _refine_solve_options(option), start=start)
+        ilp = unmerged.ilp_with_memory_rows() if unmerged.num_memory_rows else unmerged.ilp
+        refined = solve_ilp(ilp, _refine_solve_options(option), start=start)
     except (InfeasibleError, SolverError) as e:  # cannot happen with a feasible start; keep merged
         log.warning("alpa_pass: unmerged refinement failed (%s); keeping the merged plan", e)
         return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": f"solve failed: {e}"}
@@ -100,14 +101,8 @@ def _unmerged_start(build, problem, solution, option, num_nodes: int, record: di
     tie = option.tie_repeated_layers
     for untie in ((False, True) if tie else (False,)):
         opt = dataclasses.replace(option, merge_followers=False, tie_repeated_layers=tie and not untie)
-        if option.refine_unmerged == "auto" and opt.memory_budget_per_device is not None:
-            # memory rows add no columns but most of the build time (LLaMA-8B 8x8: 2 s of 2.2):
-            # count the columns first, build the rows only for an ILP that will be solved
-            cols = int(build(dataclasses.replace(opt, memory_budget_per_device=None)).ilp.num_cols)
-            unmerged = None if cols > REFINE_MAX_COLUMNS else build(opt)
-        else:
-            unmerged = build(opt)
-            cols = int(unmerged.ilp.num_cols)
+        unmerged = build(opt)
+        cols = int(unmerged.ilp.num_cols)
         record["unmerged_columns"] = cols
         if untie:
             record["untied"] = True
