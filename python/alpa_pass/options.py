@@ -84,7 +84,10 @@ class AutoShardingOption:
       refine_unmerged: after the merged solve (``merge_followers``), solve the unmerged ILP
         warm-started from the merged plan and keep it when cheaper (``driver/refine.py``; never
         worse, ``plan.refinement`` records both objectives). True: always; False: never; "auto":
-        when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns. The solve
+        when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns and no memory
+        budget binds (a memory row keeps its groups from being eliminated, so the unmerged chains
+        stay: minutes on GPT-175B at 80 GiB; under a budget the rows are added as plans break them,
+        from those the merged plan nearly fills). The solve
         stops at ``refine_node_limit`` branch-and-bound nodes (the same plan on any machine); one
         stopped first by an opt-in ``solver_time_limit_s`` is discarded on "auto" and kept (its
         incumbent, ``plan.refinement["time_limited"]``) when forced.

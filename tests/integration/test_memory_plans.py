@@ -22,7 +22,7 @@ from alpa_pass.driver import jit as jit_module
 from alpa_pass.driver.budget import LEAST_MEMORY_STATUS
 from alpa_pass.driver.jit import CPU_MEMORY_SCHEDULER_FLAG, make_plan
 from alpa_pass.driver.planning import core_graph
-from zoo import default_optimizer, gpt, init_state, mlp
+from zoo import default_optimizer, gpt, init_state, mlp, moe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GPT = gpt.Config(layers=2, hidden=64, vocab=256, seq=32)
@@ -157,6 +157,19 @@ def test_infeasible_budget_names_the_smallest_feasible_one(gpt_free):
     except InfeasibleError:
         return
     assert tighter.predicted_peak_bytes <= int(smallest * 0.97)
+
+
+@pytest.mark.slow
+def test_infeasible_after_copy_rounds_names_a_plan_seen():
+    """MoE on 2x4 at 0.9 of the free plan's peak: no copy round's plan fits with its copies, nor the
+    least-memory plan (its rows ignore copies: it peaked above the free plan, 138568 B against
+    120360); the error names the least peak of the plans solved, which that plan meets."""
+    step, state, batch = _step_and_args(moe, moe.Config(experts=8, top_k=2))
+    free = _parallel(step, (2, 4), donate=False).plan(state, batch)
+    budget = int(free.predicted_peak_bytes * 0.9)
+    with pytest.raises(InfeasibleError) as info:
+        _parallel(step, (2, 4), budget, donate=False).plan(state, batch)
+    assert budget < info.value.smallest_feasible_bytes <= free.predicted_peak_bytes
 
 
 def test_infeasible_budget_is_decided_by_the_lower_bound_not_the_untied_solve(monkeypatch):

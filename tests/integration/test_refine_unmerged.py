@@ -84,6 +84,27 @@ def test_gpt_refined_not_worse_under_a_node_limit():
     assert forced.objective == pytest.approx(min(r["merged_objective"], r["unmerged_objective"]), rel=1e-9)
 
 
+@pytest.mark.slow
+def test_budgeted_refinement_keeps_the_budget(moe_plans):
+    """Under a binding budget the forced unmerged re-solve adds memory rows as its plans break them
+    (from those the merged plan nearly fills): the kept plan is no worse than the merged one and
+    meets the budget, reshard copies included. "auto" skips it (memory rows keep the unmerged
+    chains from being eliminated: GPT-175B 16x16 at 80 GiB ran for minutes)."""
+    free = moe_plans[False]
+    budget = int(free.predicted_peak_bytes * 0.95)  # (0.9: no merged plan fits)
+    merged, _ = _plan(moe, MOE, refine_unmerged=False, memory_budget_per_device=budget)
+    refined, _ = _plan(moe, MOE, refine_unmerged=True, memory_budget_per_device=budget)
+    r = refined.refinement
+    assert merged.objective > free.objective * (1 + 1e-6), "the budget does not bind: weak test"
+    assert r["merged_objective"] == pytest.approx(merged.objective, rel=1e-9)
+    assert "unmerged_objective" in r, r
+    assert r["solve"] == "unmerged" and refined.objective < merged.objective, r  # (MoE: 10395 vs 15770)
+    assert refined.objective <= merged.objective * (1 + 1e-9)
+    assert refined.predicted_peak_bytes <= budget and merged.predicted_peak_bytes <= budget
+    auto, _ = _plan(moe, MOE, memory_budget_per_device=budget)  # "auto" leaves a binding budget merged
+    assert auto.refinement["skipped"].startswith("the budget binds") and auto.objective == merged.objective
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_expanded_start_has_the_merged_objective(tie):
     """Every node keeps its (output, operand) specs: same objective, no violation, ties respected."""

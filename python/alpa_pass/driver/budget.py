@@ -1,7 +1,9 @@
 """Memory-aware solving: the solve that turns a memory budget no plan meets into an ``InfeasibleError`` naming the smallest budget that is feasible.
 
 The memory model itself (which values XLA materialises, their live ranges, the budget rows) lives
-in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory").
+in the C++ core (``cpp/include/alpa/memory.h``, docs/core_api.md "Memory"). The budget rows are
+not in ``problem.ilp``: each solve gets the rows it needs (``problem.ilp_with_memory_rows``), and
+a plan's activity in every row comes from the live ranges (``problem.memory_row_activity``).
 """
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ LEVERS = ("shard the parameters and optimizer state (ap.Zero3Parallel), split th
 # undominated rows (the same plan). (With an older leader rule, the free plan broke 414 rows and
 # round 1 ran past 600 s; this was 0 then.)
 MAX_ROW_ROUNDS = 3
-# A round that breaks more memory rows than this adds only those no other row dominates (found by
-# redundant_memory_rows: 2.7 s on LLaMA-8B 8x8, so not for a handful). GPT-39B 8x8 at 80 GiB: the
-# free plan breaks 2769 rows, 1351 of them undominated.
+# A round that breaks more memory rows than this adds only those no other broken row dominates
+# (redundant_memory_rows over the broken rows, materialised: a broken row's dominator is broken
+# too). GPT-39B 8x8 at 80 GiB: the free plan breaks 3021 of 5177 rows, 1351 of them undominated.
 FILTER_BROKEN_ROWS = 64
 # Re-solves with the reshard copies of the plans found so far counted in the memory rows
 # (fit_reshard_copies), before the least-memory plan is tried.
@@ -61,7 +63,7 @@ LEAST_MEMORY_COPY_ROUNDS = 2
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str,
-                        hint=None, copies: ReshardCopies | None = None) -> Solution:
+                        hint=None, copies: ReshardCopies | None = None, start=None) -> Solution:
     """Solve ``problem`` (a ``_core.ShardingProblem``; its memory rows when ``budget``).
 
     The memory rows stay out of ``problem.ilp`` (``_core`` memory.h MemoryRows: thousands of rows
@@ -72,7 +74,9 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     the free plan (one solve, no rows). ``hint``: a plan of a similar problem whose nearly full
     rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
     ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
-    budgeted solve (then ``copies.problem`` is the problem solved).
+    budgeted solve (then ``copies.problem`` is the problem solved). ``start``: a plan (a strategy
+    per group) meeting every row, each solve's first incumbent (and the ``hint`` when none is
+    given): the result is never worse.
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -93,14 +97,15 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
             # 2711 rows the free plan broke took 205 s to prove it)
             raise InfeasibleError(f"a memory row's least total exceeds the budget on mesh {where}")
         if not budgeted:
-            return solve_ilp(problem.ilp, options)
-        found, problem = _solve_with_row_generation(problem, options, where, hint, copies)
+            return solve_ilp(problem.ilp, options, start=start)
+        found, problem = _solve_with_row_generation(problem, options, where, start if hint is None else hint,
+                                                    copies, start)
         if found is not None:
             return found
         kept = undominated_memory_rows(problem)
         log.info("alpa_pass: mesh %s: %d of %d memory rows dominated by another, dropped", where,
                  problem.num_memory_rows - kept.size, problem.num_memory_rows)
-        return solve_ilp(problem.ilp_with_memory_rows(kept), options)
+        return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=start)
     except (InfeasibleError, SolverError) as e:
         if not budgeted:
             raise
@@ -152,6 +157,7 @@ class ReshardCopies:
         self.mesh_shape = tuple(mesh_shape)
         self._counted: dict = {}  # (consumer, operand, layout, start, end) -> None, in insertion order
         self.problem = None  # the last problem rebuilt
+        self.least_peak = math.inf  # the least peak, copies included, of a plan solved so far (see seen)
 
     def __len__(self) -> int:
         return len(self._counted)
@@ -159,6 +165,14 @@ class ReshardCopies:
     def clear(self) -> None:
         self._counted.clear()
         self.problem = None
+
+    def seen(self, problem, assignment) -> float:
+        """The peak of ``assignment`` (reshard copies included; every problem of one graph agrees),
+        kept in ``least_peak`` when it is the least so far: a budget that plan meets, named by an
+        InfeasibleError when the least-memory plan (whose rows ignore copies) peaks higher."""
+        peak = float(problem.predicted_peak(np.asarray(assignment, dtype=np.int64))[0])
+        self.least_peak = min(self.least_peak, peak)
+        return peak
 
     def as_list(self) -> list:
         return [(c, t, list(w), a, b) for c, t, w, a, b in self._counted]
@@ -196,7 +210,7 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
         return problem, solution
     row_budget = solved_at = budget  # the rows' bound now, and that of the last plan found
     for round_ in range(MAX_COPY_ROUNDS + TIGHTENED_COPY_ROUNDS + 1):
-        peak = float(problem.predicted_peak(np.asarray(solution.assignment, dtype=np.int64))[0])
+        peak = copies.seen(problem, solution.assignment)
         if peak <= budget * (1 + 1e-9):
             if round_:
                 log.info("alpa_pass: mesh %s: the plan fits the budget with its reshard copies after %d "
@@ -235,7 +249,8 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
         raise InfeasibleError(f"no sharding plan on mesh {where} meets the memory rows")
     peak, assignment, problem = found
     if peak > budget * (1 + 1e-9):
-        raise infeasible_error(where, budget, peak, memory_lower_bound(problem, options, budget))
+        # (an earlier plan, e.g. the free one, may peak lower with its copies than this one)
+        raise infeasible_error(where, budget, min(peak, copies.least_peak), memory_lower_bound(problem, options, budget))
     assignment = np.asarray(assignment, dtype=np.int64)
     x = np.zeros(int(problem.ilp.num_cols))
     x[np.asarray(problem.ilp.group_var_start)[:-1] + assignment] = 1.0  # group columns (edges unset)
@@ -245,7 +260,7 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
                              solve_time_s=time.perf_counter() - t)
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, copies=None) -> tuple:
+def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, copies=None, start=None) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
     with all undominated rows; the problem solved, rebuilt when a free plan that nearly fits had
     its copies counted): round 0 solves without memory rows, or, given a ``hint`` plan (a strategy
@@ -256,7 +271,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     budgeted optimum (within the MIP gap): it is optimal for a relaxation (fewer rows) and
     feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). Only finished
     solves count (a time-limited one or ``MAX_ROW_ROUNDS`` rounds give None), so the result does
-    not depend on the machine."""
+    not depend on the machine. ``start``: a plan meeting every row, every solve's first incumbent
+    (a solve stopped by a node limit counts as finished: its plan is then not proven optimal)."""
     upper = float(problem.memory_row_upper)
 
     def rows_near(assignment):
@@ -269,7 +285,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     unswapped = None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
-            solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options)
+            solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options, start=start)
         except SolverError:
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
@@ -285,8 +301,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None, problem
         assignment = np.asarray(solution.assignment, dtype=np.int64)
-        free_peak = problem.predicted_peak(assignment)[0] if round_ == 0 and hint is None and copies is not None \
-            else 0.0
+        free_peak = copies.seen(problem, assignment) if round_ == 0 and hint is None and copies is not None else 0.0
         if upper < free_peak <= upper * FREE_COPIES_WITHIN:
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
             # (counting them now saves fit_reshard_copies a re-solve); its nearly full rows start

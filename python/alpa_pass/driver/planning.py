@@ -186,7 +186,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                                            option.solve_options(), where)
     timings["solve"] = time.perf_counter() - t  # every budgeted round and its rebuilds
     _warn_if_limited(solution, option, where)
-    problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes)
+    problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes, where)
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
     plan = build_plan(graph, problem, solution, mesh, timings)
