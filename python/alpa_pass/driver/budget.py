@@ -120,6 +120,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
             if isinstance(e, InfeasibleError):
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=assignment)  # never worse than it
+        if copies is not None:  # (a plan solved on the way, e.g. the free one, may peak lower)
+            smallest = min(smallest, copies.least_peak)
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
