@@ -33,8 +33,10 @@ namespace alpa {
 using namespace bindings;
 namespace {
 
-Mesh make_mesh(std::vector<int64_t> shape, std::vector<double> alpha, std::vector<double> beta) {
+Mesh make_mesh(std::vector<int64_t> shape, std::vector<double> alpha, std::vector<double> beta,
+               std::vector<std::tuple<std::vector<int>, double, double>> axes_costs) {
   Mesh m{std::move(shape), std::move(alpha), std::move(beta)};
+  for (auto& [axes, a, b] : axes_costs) m.axes_costs.push_back({std::move(axes), a, b});
   m.validate();
   return m;
 }
@@ -111,10 +113,18 @@ IlpProblem py_build_ilp(const std::vector<In1<double>>& group_costs, const std::
 
 void bind_mesh_spec(nb::module_& m) {
   auto cls = nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.");
-  cls.def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a)
+  cls.def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a,
+          "axes_costs"_a = std::vector<std::tuple<std::vector<int>, double, double>>{},
+          "axes_costs: (axes, alpha, beta) of collectives over several axes at once (a measured\n"
+          "flattened group), used instead of the largest per-axis alpha and beta.")
       .def_ro("shape", &Mesh::shape)
       .def_ro("alpha", &Mesh::alpha)
       .def_ro("beta", &Mesh::beta)
+      .def_prop_ro("axes_costs", [](const Mesh& mesh) {
+        std::vector<std::tuple<std::vector<int>, double, double>> out;
+        for (const AxesCost& c : mesh.axes_costs) out.emplace_back(c.axes, c.alpha, c.beta);
+        return out;
+      })
       .def_prop_ro("ndim", &Mesh::ndim)
       .def_prop_ro("num_devices", &Mesh::num_devices)
       .def("__repr__", [](const Mesh& mesh) {

@@ -42,6 +42,26 @@ void Mesh::validate() const {
     check_cost(alpha, "alpha", a);
     check_cost(beta, "beta", a);
   }
+  for (size_t k = 0; k < axes_costs.size(); ++k) {
+    const AxesCost& c = axes_costs[k];
+    const std::string where = "mesh axes_costs[" + std::to_string(k) + "]";
+    if (c.axes.size() < 2) {
+      throw std::invalid_argument(where + " names " + std::to_string(c.axes.size()) +
+                                  " axes: a multi-axis cost needs two or more");
+    }
+    for (size_t i = 0; i < c.axes.size(); ++i) {
+      if (c.axes[i] < 0 || c.axes[i] >= ndim() || (i && c.axes[i] <= c.axes[i - 1])) {
+        throw std::invalid_argument(where + ": axes must be distinct, ascending and < " +
+                                    std::to_string(ndim()));
+      }
+    }
+    if (!(c.alpha >= 0.0) || !std::isfinite(c.alpha) || !(c.beta >= 0.0) || !std::isfinite(c.beta)) {
+      throw std::invalid_argument(where + ": alpha and beta must be finite and >= 0");
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (axes_costs[j].axes == c.axes) throw std::invalid_argument(where + ": axes given twice");
+    }
+  }
 }
 
 namespace {
@@ -62,6 +82,7 @@ struct Group {
 
 Group flattened(const Mesh& mesh, std::span<const int> axes) {
   Group g;
+  std::vector<int> used;  // the axes of more than one device, ascending
   for (size_t i = 0; i < axes.size(); ++i) {
     const int64_t n = axis_size(mesh, axes[i]);
     for (size_t j = 0; j < i; ++j) {
@@ -74,6 +95,16 @@ Group flattened(const Mesh& mesh, std::span<const int> axes) {
     g.n *= static_cast<double>(n);
     g.alpha = std::max(g.alpha, mesh.alpha[axes[i]]);
     g.beta = std::max(g.beta, mesh.beta[axes[i]]);
+    used.insert(std::upper_bound(used.begin(), used.end(), axes[i]), axes[i]);
+  }
+  if (used.size() >= 2) {
+    for (const AxesCost& c : mesh.axes_costs) {
+      if (c.axes == used) {  // the group was measured as a whole
+        g.alpha = c.alpha;
+        g.beta = c.beta;
+        break;
+      }
+    }
   }
   return g;
 }

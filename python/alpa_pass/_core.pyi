@@ -13,7 +13,11 @@ from numpy.typing import NDArray
 class Mesh:
     """Logical N-D device mesh with alpha-beta costs per axis."""
 
-    def __init__(self, shape: Sequence[int], alpha: Sequence[float], beta: Sequence[float]) -> None: ...
+    def __init__(self, shape: Sequence[int], alpha: Sequence[float], beta: Sequence[float], axes_costs: Sequence[tuple[Sequence[int], float, float]] = []) -> None:
+        """
+        axes_costs: (axes, alpha, beta) of collectives over several axes at once (a measured
+        flattened group), used instead of the largest per-axis alpha and beta.
+        """
 
     @property
     def shape(self) -> list[int]: ...
@@ -23,6 +27,9 @@ class Mesh:
 
     @property
     def beta(self) -> list[float]: ...
+
+    @property
+    def axes_costs(self) -> list[tuple[list[int], float, float]]: ...
 
     @property
     def ndim(self) -> int: ...

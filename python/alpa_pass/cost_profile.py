@@ -197,12 +197,33 @@ class ClusterProfile:
         costs = [self.axis_cost(n, s) for n, s in mesh_axes(tuple(shape))]
         return tuple(a for a, _ in costs), tuple(b for _, b in costs)
 
+    def group_costs(self, shape) -> list[tuple[list[int], float, float]]:
+        """(axes, alpha, beta) of every set of two or more axes of a row-major mesh of ``shape``
+        whose devices form one measured group: consecutive axes (axes of one device between them
+        do not count) span ``size`` = the product of their sizes, ``stride`` apart = the product of
+        the sizes after them, e.g. both axes of 2x4 = all 8 devices (8, stride 1). XLA emits a
+        collective over such axes as one over that group, which the profile timed as a whole; other
+        sets keep the core's rule (the largest per-axis alpha and beta)."""
+        used = [i for i, n in enumerate(shape) if int(n) > 1]
+        measured = {(int(a["size"]), int(a["stride"])): a for a in self.data["axes"]}
+        out = []
+        for lo in range(len(used)):
+            for hi in range(lo + 2, len(used) + 1):
+                axes = used[lo:hi]
+                size = math.prod(int(shape[i]) for i in axes)
+                entry = measured.get((size, int(math.prod(shape[axes[-1] + 1:]))))
+                if entry is not None:
+                    out.append((axes, float(entry["alpha"]), float(entry["beta"])))
+        return out
+
     def core_mesh(self, mesh):
-        """The C++ core's Mesh of LogicalMesh ``mesh`` with this profile's alpha/beta per axis."""
+        """The C++ core's Mesh of LogicalMesh ``mesh`` with this profile's alpha/beta per axis and
+        per measured group of axes (:meth:`group_costs`)."""
         from alpa_pass import _core
 
         alpha, beta = self.mesh_costs(mesh.shape)
-        return _core.Mesh(shape=list(mesh.shape), alpha=list(alpha), beta=list(beta))
+        return _core.Mesh(shape=list(mesh.shape), alpha=list(alpha), beta=list(beta),
+                          axes_costs=self.group_costs(tuple(mesh.shape)))
 
     def to_json(self) -> str:
         return json.dumps(self.data, indent=1, sort_keys=True) + "\n"

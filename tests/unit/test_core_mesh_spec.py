@@ -57,6 +57,24 @@ def test_collectives_over_several_axes_are_one_flattened_collective(mesh):
         mesh.all_gather(b, [0, 2])
 
 
+def test_measured_axis_groups_replace_the_largest_per_axis_costs():
+    """``axes_costs``: (axes, alpha, beta) of a collective over exactly those axes (a profile's
+    measured flattened group); other sets and single axes keep the per-axis rule."""
+    b = 1000.0
+    mesh = _core.Mesh(shape=[2, 1, 4], alpha=[1.0, 7.0, 2.0], beta=[0.5, 9.0, 0.1],
+                      axes_costs=[([0, 2], 0.25, 0.05)])
+    assert mesh.axes_costs == [([0, 2], 0.25, 0.05)]
+    assert mesh.all_reduce(b, [0, 2]) == pytest.approx(0.25 + 0.05 * 2 * (7 / 8) * b)
+    assert mesh.all_reduce(b, [2, 1, 0]) == mesh.all_reduce(b, [0, 2])  # the axis of one device is skipped
+    assert mesh.all_to_all(b, [0, 2]) == pytest.approx(0.25 + 0.05 * (7 / 64) * b * 4)
+    assert mesh.all_gather(b, [2]) == pytest.approx(2 + 0.1 * (3 / 4) * b)
+    for bad, match in (([([0], 1.0, 1.0)], "needs two or more"), ([([2, 0], 1.0, 1.0)], "ascending"),
+                       ([([0, 3], 1.0, 1.0)], "ascending and < 3"), ([([0, 2], -1.0, 1.0)], "finite and >= 0"),
+                       ([([0, 2], 1.0, 1.0), ([0, 2], 2.0, 1.0)], "given twice")):
+        with pytest.raises(ValueError, match=match):
+            _core.Mesh(shape=[2, 1, 4], alpha=[1.0] * 3, beta=[1.0] * 3, axes_costs=bad)
+
+
 def test_axis_of_one_device_is_free():
     m = _core.Mesh(shape=[1, 8], alpha=[5.0, 1.0], beta=[5.0, 1.0])
     for fn in (m.all_reduce, m.all_gather, m.reduce_scatter, m.all_to_all):

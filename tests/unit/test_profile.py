@@ -17,9 +17,13 @@ from zoo import mlp
 from zoo.pipeline import make_heavy_layer_loss
 
 
-def synthetic(beta_by_stride: dict, alpha: float = 1e-5, flops: float = 1e9, key: str = "synthetic") -> dict:
-    """A profile of 8 devices whose axes cost ``beta_by_stride[stride]`` per byte."""
-    axes = [{"size": n, "stride": s, "alpha": alpha, "beta": beta_by_stride[s]} for n, s in cost_profile.axes_of(8)]
+def synthetic(beta_by_stride: dict, alpha: float = 1e-5, flops: float = 1e9, key: str = "synthetic",
+              beta_by_axis: dict | None = None) -> dict:
+    """A profile of 8 devices whose axes cost ``beta_by_stride[stride]`` per byte, or
+    ``beta_by_axis[(size, stride)]`` where given."""
+    beta_by_axis = beta_by_axis or {}
+    axes = [{"size": n, "stride": s, "alpha": alpha, "beta": beta_by_axis.get((n, s), beta_by_stride[s])}
+            for n, s in cost_profile.axes_of(8)]
     return {"format": cost_profile.FORMAT, "format_version": cost_profile.FORMAT_VERSION, "key": key,
             "cluster": {"num_devices": 8}, "axes": axes, "compute": {"matmul_flops_per_s": {"float32": flops}}}
 
@@ -114,6 +118,25 @@ def test_profile_sets_the_mesh_and_compute_costs_the_core_receives():
     assert option.core_mesh(ap.LogicalMesh(shape=(4, 2))).beta == [5e-9, 1e-8]  # (4, stride 2), (2, stride 1)
 
 
+def test_collectives_over_several_axes_cost_their_measured_group():
+    """A collective over both axes of 2x4 is one collective over all 8 devices (stride 1), which
+    the profile timed as a whole: its alpha and beta, not the larger per-axis ones. Only axes
+    whose devices form one (size, stride) group get one: consecutive axes, axes of one device
+    between them not counting (axes 0 and 2 of 2x2x2 stay with the larger per-axis costs)."""
+    option = ap.AutoShardingOption(profile=synthetic({1: 1e-8, 2: 5e-9, 4: 1e-7}, alpha=2e-5))
+    core, b = option.core_mesh(ap.LogicalMesh(shape=(2, 4))), 1000.0
+    assert core.axes_costs == [([0, 1], 2e-5, 1e-8)]  # (8, stride 1)
+    assert core.all_reduce(b, [0, 1]) == pytest.approx(2e-5 + 1e-8 * 2 * (7 / 8) * b)  # not beta 1e-7
+    assert core.all_gather(b, [1, 0]) == pytest.approx(2e-5 + 1e-8 * (7 / 8) * b)
+    assert core.all_reduce(b, [0]) == pytest.approx(2e-5 + 1e-7 * 2 * (1 / 2) * b)  # one axis: its own
+    cube = option.core_mesh(ap.LogicalMesh(shape=(2, 2, 2)))
+    assert cube.axes_costs == [([0, 1], 2e-5, 5e-9), ([0, 1, 2], 2e-5, 1e-8), ([1, 2], 2e-5, 1e-8)]
+    assert cube.all_reduce(b, [0, 2]) == pytest.approx(2e-5 + 1e-7 * 2 * (3 / 4) * b)  # strides 4 and 1: max
+    gap = option.core_mesh(ap.LogicalMesh(shape=(2, 1, 4)))
+    assert gap.axes_costs == [([0, 2], 2e-5, 1e-8)]  # the axis of one device does not split the group
+    assert ap.AutoShardingOption().core_mesh(ap.LogicalMesh(shape=(2, 4))).axes_costs == []
+
+
 MLP = mlp.Config(num_layers=2, hidden=64, batch=32)
 
 
@@ -145,9 +168,12 @@ def _axes_used(plan) -> set:
 def test_a_10x_slower_axis_is_not_split(mlp_step, slow):
     # x = (2 devices, stride 4), y = (4 devices, stride 1). Compute at 1 GFLOP/s makes splitting
     # the MLP's dots pay on an axis at 1e-8 s/B and not at 1e-7 s/B (heavy ops may run replicated).
+    # A slow x (the link between devices 0-3 and 4-7) slows every group spanning both halves: all
+    # 8 devices (8, stride 1) and (4, stride 2); a slow y (neighbours) every stride-1 group.
     fast, slow_beta = 1e-8, 1e-7
     betas = {1: slow_beta if slow == "y" else fast, 2: fast, 4: slow_beta if slow == "x" else fast}
-    plan = _plan(mlp_step, synthetic(betas), allow_replicated_heavy_ops=True)
+    spanning = {(8, 1): slow_beta, (4, 2): slow_beta} if slow == "x" else {}
+    plan = _plan(mlp_step, synthetic(betas, beta_by_axis=spanning), allow_replicated_heavy_ops=True)
     assert _axes_used(plan) == {"x", "y"} - {slow}
     # the objective is the plan's predicted seconds under the profile: far below the unit-cost one
     assert 1e-6 < plan.objective < 1e-2

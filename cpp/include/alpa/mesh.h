@@ -6,10 +6,19 @@
 
 namespace alpa {
 
+// The measured cost of a collective over several mesh axes at once (a cluster profile measures
+// the flattened group those axes' devices form, e.g. all 8 devices of a 2x4 mesh).
+struct AxesCost {
+  std::vector<int> axes;  // >= 2 distinct mesh axes, ascending
+  double alpha = 0.0;
+  double beta = 0.0;
+};
+
 struct Mesh {
   std::vector<int64_t> shape;  // devices along each axis
   std::vector<double> alpha;   // latency per collective on that axis
   std::vector<double> beta;    // cost per byte on that axis
+  std::vector<AxesCost> axes_costs = {};  // measured multi-axis groups (see below); may be empty
 
   int ndim() const { return static_cast<int>(shape.size()); }
   int64_t num_devices() const;
@@ -28,7 +37,8 @@ struct Mesh {
   // alpha and beta among them (a ring runs at its slowest link; Alpa's ClusterEnvironment prices
   // two-axis collectives the same way). Not the sum of one collective per axis at full size: that
   // charges an all-reduce over 8x8 devices 3.5 B instead of 2 (63/64) B. Axes of size 1 are
-  // skipped; none left costs 0.
+  // skipped; none left costs 0. When `axes_costs` has an entry for exactly the axes left (two or
+  // more), its alpha and beta are used instead of the largest per-axis ones.
   double all_reduce(double bytes, std::span<const int> axes) const;
   double all_gather(double bytes, std::span<const int> axes) const;
   double reduce_scatter(double bytes, std::span<const int> axes) const;
