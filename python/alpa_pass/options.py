@@ -56,8 +56,9 @@ class AutoShardingOption:
         the ILP restricted to the strategies the LP uses and, if that plan is not within this
         relative gap of the LP bound, the ILP with the groups the LP decides fixed (the others
         free) until a plan is; a plan within the gap is kept (``plan.mip_gap`` says the gap;
-        ``plan.solver_status`` "LP-support plan"), else it starts the full solve. Deterministic. ``None``: always the full solve (which, on a
-        large model with a binding budget, may take an hour within the node limit). See
+        ``plan.solver_status`` "LP-support plan"), else it starts the full solve. Deterministic.
+        ``None``: always the full solve (which, on a large model with a binding budget, may take
+        an hour within the node limit). See
         ``solve.highs.SolveOptions.support_gap``.
       solver_threads: HiGHS threads (1, the default, keeps results deterministic: HiGHS then runs
         with a fixed random seed on one thread; more threads may change which optimum is returned).

@@ -193,7 +193,8 @@ def _support_plan(model, options: SolveOptions):
     a plan within the node limit. First the MIP restricted to the group strategies the LP uses;
     when its plan is not within ``support_gap`` of the LP bound (or it has none), the MIP with the
     groups the LP sets integrally fixed and the others free (RENS), started from that plan and
-    stopped at ``support_gap`` (its own gap: deterministic). Every solve starts without the
+    stopped at the first plan within ``support_gap`` of the LP bound (HiGHS ``objective_target``:
+    no clock involved). Every solve starts without the
     one-sided (memory) rows and adds the ones its solution breaks, ``SUPPORT_ROWS_PER_ROUND`` at a
     time, until none is broken: the LP then has the full LP's optimum, a plan meets every row."""
     lower, upper_rows = np.asarray(model.row_lower), np.asarray(model.row_upper)
