@@ -27,7 +27,8 @@ def load(data_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
     """The case JSONs of ``data_dir``: (cases, cases that hit their time limit, mpirun cases); cases
     ordered by suite then size."""
     results = []
-    for path in sorted(glob.glob(os.path.join(data_dir, "*.json"))):
+    # (only the suites' cases: fuzz and create-state runs keep their JSONs in the same folder)
+    for path in sorted(glob.glob(os.path.join(data_dir, "suite_*.json"))):
         with open(path) as f:
             results.append(json.load(f))
     order = {"gpt": 0, "moe": 1, "wresnet": 2}
