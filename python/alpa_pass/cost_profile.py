@@ -205,13 +205,14 @@ class ClusterProfile:
         collective over such axes as one over that group, which the profile timed as a whole; other
         sets keep the core's rule (the largest per-axis alpha and beta)."""
         used = [i for i, n in enumerate(shape) if int(n) > 1]
+        strides = [s for _, s in mesh_axes(tuple(shape))]
         measured = {(int(a["size"]), int(a["stride"])): a for a in self.data["axes"]}
         out = []
         for lo in range(len(used)):
             for hi in range(lo + 2, len(used) + 1):
                 axes = used[lo:hi]
                 size = math.prod(int(shape[i]) for i in axes)
-                entry = measured.get((size, int(math.prod(shape[axes[-1] + 1:]))))
+                entry = measured.get((size, strides[axes[-1]]))
                 if entry is not None:
                     out.append((axes, float(entry["alpha"]), float(entry["beta"])))
         return out
