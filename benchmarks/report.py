@@ -85,7 +85,7 @@ def plot_planning(results: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     phases = ("trace", "extract", "build", "solve", "emit", "compile")
-    names = [f"{r['suite']} {r['size']}" for r in results]
+    names = [report_md.label(r) for r in results]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(7.0, 0.7 * len(results) + 4), 3.2), dpi=80,
                                   gridspec_kw={"width_ratios": [max(1, len(results)), 4]})
     bottom = [0.0] * len(results)
@@ -98,7 +98,7 @@ def plot_planning(results: list[dict], path: str) -> None:
     ax.tick_params(axis="x", labelsize=7, labelrotation=60)
     ax.legend(fontsize=6, ncol=2)
     for suite in dict.fromkeys(r["suite"] for r in results):
-        rs = [r for r in results if r["suite"] == suite]
+        rs = [r for r in results if r["suite"] == suite and not r.get("profile")]  # (unit-cost plans)
         ax2.plot([r["params"] for r in rs], [r["methods"]["auto"]["wall_s"] for r in rs], "o-", label=suite)
     ax2.set_xscale("log")
     ax2.set_yscale("log")

@@ -141,9 +141,20 @@ def run_one(args, shape) -> int:
     if args.gpu:
         result["gpu"] = gpu.throughput(result, args.suite, module.SIZES[args.size],
                                        jax.devices()[0].device_kind, len(jax.devices()))
+    if args.profile:  # (the objective is in seconds: what predicted-vs-measured ranks)
+        result["profile"] = {"path": args.profile, "key": _profile_key(args.profile)}
     print(summary.text(result))
-    write(result, case_file(result["suite"], result["size"], shape, args.gpu), args)
+    write(result, case_file(result["suite"], result["size"], shape, args.gpu, profiled=bool(args.profile)), args)
     return 0
+
+
+def _profile_key(path: str):
+    """The cluster key a profile JSON names (None for 'auto' or an unreadable file)."""
+    try:
+        with open(path) as f:
+            return json.load(f).get("key")
+    except (OSError, ValueError):
+        return None
 
 
 def run_child(args, size: str, timeout: float) -> int:
@@ -160,7 +171,7 @@ def run_child(args, size: str, timeout: float) -> int:
     argv += ["--no-run"] * args.no_run + ["--gpu"] * args.gpu
     shape = mesh_shape(argparse.Namespace(size=size, mesh=args.mesh))
     os.makedirs(args.out, exist_ok=True)
-    log = os.path.join(args.out, case_file(args.suite, size, shape, args.gpu) + ".log")
+    log = os.path.join(args.out, case_file(args.suite, size, shape, args.gpu, profiled=bool(args.profile)) + ".log")
     print(f"--- {args.suite} {size} (limit {timeout:.0f} s; progress: tail -f {log})", flush=True)
     t = time.perf_counter()
     with open(log, "w") as err:
@@ -172,7 +183,7 @@ def run_child(args, size: str, timeout: float) -> int:
             result = {"suite": args.suite, "size": size, "mesh": {"shape": list(shape)}, "timed_out": True,
                       "limit_s": timeout, "last_output": tail}
             print(f"timed out after {timeout:.0f} s; last: {tail[-1:]}")
-            write(result, case_file(args.suite, size, shape, args.gpu), args)
+            write(result, case_file(args.suite, size, shape, args.gpu, profiled=bool(args.profile)), args)
             return 0
     print(proc.stdout[-4000:], end="")
     if proc.returncode:
@@ -233,8 +244,10 @@ def _progress_tail(stderr: str, lines: int = 3) -> list[str]:
     return keep[-lines:]
 
 
-def case_file(suite: str, size: str, shape, gpu: bool = False, tag: str = "") -> str:
-    return f"suite_{suite}_{size}_{'x'.join(map(str, shape))}{tag}{'_gpu' if gpu else ''}"
+def case_file(suite: str, size: str, shape, gpu: bool = False, tag: str = "", profiled: bool = False) -> str:
+    """The case's JSON name; a case planned with --profile gets its own (``_profiled``), beside the
+    unit-cost one."""
+    return f"suite_{suite}_{size}_{'x'.join(map(str, shape))}{tag}{'_profiled' if profiled else ''}{'_gpu' if gpu else ''}"
 
 
 def write(result: dict, name: str, args) -> None:

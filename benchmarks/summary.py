@@ -134,3 +134,47 @@ def mpi_text(result: dict) -> str:
         lines.append(f"{name:10} {sum(k['wire_bytes'] for k in e['comm'].values()) / MIB:9.2f} "
                      f"{e['memory']['peak'] / MIB:9.2f} {t * 1e3:8.2f} {t / auto:8.2f} {e['loss_error']:9.1e}")
     return "\n".join(lines)
+
+
+def spearman(xs, ys) -> float | None:
+    """Spearman's rank correlation of two equally long sequences (tied values share their mean
+    rank); None with fewer than 3 pairs or when either side is constant."""
+    import numpy as np
+
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} predictions for {len(ys)} measurements")
+    if len(xs) < 3:
+        return None
+
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):  # ties: the mean of their ranks
+            tied = v == value
+            r[tied] = r[tied].mean()
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def predicted_vs_measured(result: dict) -> list[tuple[str, float, float]]:
+    """(method, predicted objective, measured median step s) for every method of a case that the
+    cost model evaluated and that ran; with a profile (``result["profile"]``) the objective is a
+    predicted step time in seconds."""
+    cm, out = result["cost_model"], []
+    for name, entry in result["methods"].items():
+        t = entry.get("timing", {}).get("median_s")
+        if name == "auto":
+            objective = cm["auto_objective"]
+        elif evaluated(cm["baselines"][name]):
+            objective = cm["baselines"][name]["objective"]
+        else:
+            continue
+        if t:
+            out.append((name, float(objective), float(t)))
+    return out

@@ -1,0 +1,50 @@
+"""The benchmark report's predicted-vs-measured ranking (benchmarks/summary.py, report_md.py)."""
+import pytest
+
+from benchmarks import report_md, run_suite, summary
+
+
+def test_spearman_matches_the_textbook_values():
+    assert summary.spearman([1, 2, 3, 4], [10, 20, 35, 40]) == pytest.approx(1.0)
+    assert summary.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their mean rank: ranks (0.5, 0.5, 2, 3) against (0, 1, 2, 3)
+    assert summary.spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505139)
+    # one swapped pair of five: 1 - 6 * 2 / (5 * 24)
+    assert summary.spearman([1, 2, 3, 4, 5], [1, 2, 4, 3, 5]) == pytest.approx(0.9)
+    assert summary.spearman([1, 2], [2, 1]) is None  # too few plans to rank
+    assert summary.spearman([1, 2, 3], [5, 5, 5]) is None  # nothing measured apart
+    with pytest.raises(ValueError, match="3 predictions for 2"):
+        summary.spearman([1, 2, 3], [1, 2])
+
+
+def _case(profile: bool, times: dict, objectives: dict) -> dict:
+    comm = {"all-reduce": {"count": 1, "result_bytes": 8, "wire_bytes": 8.0}}
+    methods = {m: {"comm": comm, "memory": {"peak": 1}, "timing": {"median_s": t}} for m, t in times.items()}
+    r = {"suite": "gpt", "size": "small", "mesh": {"shape": [2, 4]}, "ran": True, "params": 1,
+         "methods": methods,
+         "cost_model": {"auto_objective": objectives["auto"],
+                        "baselines": {m: {"objective": o, "model": "merged"} for m, o in objectives.items()
+                                      if m != "auto"}}}
+    if profile:
+        r["profile"] = {"path": "p.json", "key": "k"}
+    return r
+
+
+def test_ranking_pairs_each_evaluated_plan_that_ran_and_pools_only_profiled_cases():
+    inf = float("inf")
+    profiled = _case(True, {"auto": 0.010, "dp": 0.012, "zero2": 0.011, "megatron": 0.020},
+                     {"auto": 0.009, "dp": 0.013, "zero2": 0.010, "megatron": 0.030})
+    unit = _case(False, {"auto": 0.010, "dp": 0.008, "zero2": 0.011, "megatron": 0.009},
+                 {"auto": 1.0, "dp": 2.0, "zero2": 3.0, "megatron": inf})  # megatron infeasible: left out
+    assert summary.predicted_vs_measured(unit) == [("auto", 1.0, 0.010), ("dp", 2.0, 0.008), ("zero2", 3.0, 0.011)]
+    lines = report_md.ranking_section([profiled, unit])
+    rows = {ln.split(" | ")[0]: ln for ln in lines if ln.startswith("| gpt small")}
+    assert " | 4 | 1.00 | " in rows["| gpt small (profiled)"]
+    assert " | 3 | 0.50 | " in rows["| gpt small"]  # ranks (0,1,2) against (1,0,2)
+    assert "Over all 4 plans of the profiled cases: rank correlation 1.00" in "\n".join(lines)
+    assert report_md.name(profiled) == "gpt_small_2x4_profiled" and report_md.name(unit) == "gpt_small_2x4"
+
+
+def test_profiled_cases_get_their_own_json():
+    assert run_suite.case_file("gpt", "small", (2, 4)) == "suite_gpt_small_2x4"
+    assert run_suite.case_file("gpt", "small", (2, 4), profiled=True) == "suite_gpt_small_2x4_profiled"
