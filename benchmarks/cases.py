@@ -31,9 +31,12 @@ def model_inputs(suite: str, config, abstract: bool):
 
 
 def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardingOption,
-             methods=None, run: bool = True, repeats: int = 5, unmerged: bool = True) -> dict:
+             methods=None, run: bool = True, repeats: int = 9, unmerged: bool = True,
+             interleave: bool = True) -> dict:
     """Plan, compile (and when ``run``, execute and time) auto and every baseline of ``suite``.
 
+    ``interleave``: time the methods in rounds (``measure.time_interleaved``; every method's state
+    is live at once), else one after another, each state freed before the next (a GPU-sized model).
     ``unmerged``: evaluate baselines that follower merging cannot express in the unmerged ILP
     (slower; off for the large sizes)."""
     mod = SUITES[suite]
@@ -71,9 +74,15 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
     if run:
         _progress("run and time every method")
         result["reference_loss"] = float(jax.jit(fn)(measure.fresh_copy(state), batch)[1])
+        runner = lambda name: step if name == "auto" else result["methods"][name]["jitted"]  # noqa: E731
+        if interleave:  # (auto first: vs_first is against auto)
+            timings = measure.time_interleaved({n: (runner(n), measure.fresh_copy(state)) for n in result["methods"]},
+                                               batch, repeats)
+        else:
+            timings = {n: measure.time_steps(runner(n), measure.fresh_copy(state), batch, repeats)
+                       for n in result["methods"]}
         for name, entry in result["methods"].items():
-            runner = step if name == "auto" else entry["jitted"]
-            entry["timing"] = measure.time_steps(runner, measure.fresh_copy(state), batch, repeats)
+            entry["timing"] = timings[name]
             entry["loss_error"] = abs(entry["timing"]["first_loss"] - result["reference_loss"])
     for entry in result["methods"].values():
         entry.pop("baseline", None), entry.pop("jitted", None)

@@ -76,6 +76,31 @@ def time_steps(step, state, batch, repeats: int, warmup: int = 2) -> dict:
             "first_loss": first_loss}
 
 
+def time_interleaved(runners: dict, batch, repeats: int, warmup: int = 2) -> dict:
+    """``time_steps`` for several methods at once, in rounds: each round runs one step of every
+    method (``runners``: name -> (step, state); each state fed back to its own step), so a machine
+    that slows down or speeds up during the measurement (other jobs, frequency scaling) weighs on
+    every method alike instead of on whichever ran then. Per name: {"median_s", "min_s", "repeats",
+    "first_loss", "vs_first"}; ``vs_first`` is the median over rounds of the step time over the first
+    method's in the same round (a paired ratio)."""
+    states = {name: state for name, (_, state) in runners.items()}
+    times = {name: [] for name in runners}
+    first_loss: dict = {}
+    for i in range(warmup + repeats):
+        for name, (step, _) in runners.items():
+            t = time.perf_counter()
+            states[name], loss = step(states[name], batch)
+            jax.block_until_ready((states[name], loss))
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t)
+            first_loss.setdefault(name, float(loss))
+    lead = next(iter(runners))
+    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "repeats": repeats,
+                   "first_loss": first_loss[name],
+                   "vs_first": statistics.median(t / t0 for t, t0 in zip(ts, times[lead]))}
+            for name, ts in times.items()}
+
+
 def fresh_copy(tree):
     """A copy of every array (donating steps consume their state argument)."""
     return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else np.array(x), tree)

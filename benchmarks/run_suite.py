@@ -38,7 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--beta", default=None, help="per-axis beta, e.g. 1,0.1 (default 1 per axis)")
     p.add_argument("--batch", type=int, default=None, help="override the preset's batch size")
     p.add_argument("--methods", default=None, help="comma-separated baselines (default: all of the suite)")
-    p.add_argument("--repeats", type=int, default=5, help="timed steps per method (median reported)")
+    p.add_argument("--repeats", type=int, default=9,
+                   help="timed steps per method, in rounds of one step of every method (median reported)")
     p.add_argument("--no-run", action="store_true", help="plan and compile only (always so for large sizes)")
     p.add_argument("--unmerged", choices=("auto", "on", "off"), default="auto",
                    help="evaluate baselines follower merging cannot express in the unmerged ILP "
@@ -137,7 +138,7 @@ def run_one(args, shape) -> int:
     result = cases.run_case(args.suite, args.size, mesh, ap.AutoShardingOption(solver_time_limit_s=args.time_limit,
                                                                                profile=args.profile),
                             methods=args.methods.split(",") if args.methods else None, run=run,
-                            repeats=args.repeats, unmerged=unmerged)
+                            repeats=args.repeats, unmerged=unmerged, interleave=not args.gpu)
     if args.gpu:
         result["gpu"] = gpu.throughput(result, args.suite, module.SIZES[args.size],
                                        jax.devices()[0].device_kind, len(jax.devices()))

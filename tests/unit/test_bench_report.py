@@ -48,3 +48,28 @@ def test_ranking_pairs_each_evaluated_plan_that_ran_and_pools_only_profiled_case
 def test_profiled_cases_get_their_own_json():
     assert run_suite.case_file("gpt", "small", (2, 4)) == "suite_gpt_small_2x4"
     assert run_suite.case_file("gpt", "small", (2, 4), profiled=True) == "suite_gpt_small_2x4_profiled"
+
+
+def test_interleaved_timing_runs_rounds_and_pairs_each_round_with_the_first_method(monkeypatch):
+    """A fake clock: auto's step takes 1 unit, dp's 2, each scaled by a machine that slows down
+    round by round (1x, 2x, ...). Timed one after the other, dp would pay for the slow rounds; in
+    rounds both see each slowdown and the paired ratio is exactly 2."""
+    from benchmarks import measure
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+
+    def make(name, cost):
+        def step(state, batch):
+            calls.append(name)
+            clock[0] += cost * (1 + calls.count(name))  # the machine slows down each round
+            return state + batch, float(state)
+        return step
+
+    out = measure.time_interleaved({"auto": (make("auto", 1.0), 0), "dp": (make("dp", 2.0), 10)}, 1, repeats=3,
+                                   warmup=1)
+    assert calls == ["auto", "dp"] * 4  # rounds, not one method after the other
+    assert out["auto"]["first_loss"] == 0.0 and out["dp"]["first_loss"] == 10.0  # own state, fed back
+    assert [out[n]["min_s"] for n in ("auto", "dp")] == [3.0, 6.0]  # rounds 2..4 (round 1 warms up)
+    assert out["auto"]["median_s"] == 4.0 and out["dp"]["median_s"] == 8.0
+    assert out["dp"]["vs_first"] == 2.0 and out["auto"]["vs_first"] == 1.0 and out["dp"]["repeats"] == 3
