@@ -157,7 +157,10 @@ class ReshardCopies:
     def __init__(self, rebuild, mesh_shape):
         self._rebuild = rebuild
         self.mesh_shape = tuple(mesh_shape)
-        self._counted: dict = {}  # (consumer, operand, layout, start, end) -> None, in insertion order
+        # (consumer, operand, layout) -> [start, end]: the union of the ranges plans gave that copy
+        # (its start depends on which earlier consumers read the same layout), in insertion order;
+        # one entry per copy, so a copy two plans gave different ranges is not counted twice
+        self._counted: dict = {}
         self.problem = None  # the last problem rebuilt
         self.least_peak = math.inf  # the least peak, copies included, of a plan solved so far (see seen)
 
@@ -177,14 +180,15 @@ class ReshardCopies:
         return peak
 
     def as_list(self) -> list:
-        return [(c, t, list(w), a, b) for c, t, w, a, b in self._counted]
+        return [(c, t, list(w), a, b) for (c, t, w), (a, b) in self._counted.items()]
 
     def add(self, problem, assignment, row_budget=None):
         """``problem`` rebuilt with the reshard copies of ``assignment`` (a strategy per group) counted
         too, its memory rows bounded by ``row_budget`` (None: the option's budget)."""
         for consumer, operand, layout, start, end, _ in problem.reshard_copies(np.asarray(assignment, dtype=np.int64)):
             for twin in layout_twins(layout, self.mesh_shape):
-                self._counted[(int(consumer), int(operand), twin, int(start), int(end))] = None
+                span = self._counted.setdefault((int(consumer), int(operand), twin), [int(start), int(end)])
+                span[0], span[1] = min(span[0], int(start)), max(span[1], int(end))
         self.problem = self._rebuild(row_budget)
         return self.problem
 
