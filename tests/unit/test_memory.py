@@ -491,3 +491,24 @@ def test_free_plan_copies_that_leave_no_plan_are_dropped():
     assert rebuilt == [None], "the free plan's copies were not counted: weak test"
     assert len(copies) == 0 and copies.problem is None
     assert got.objective == pytest.approx(want.objective) and list(got.assignment) == list(want.assignment)
+
+
+def test_a_copy_two_plans_range_differently_is_counted_once_over_both_ranges():
+    """A copy's start is the previous consumer reading the same layout, which differs between
+    plans: the rows count it once, over the union of its ranges (twice over the overlap before),
+    and each mirror of its layout likewise."""
+
+    class Plans:  # reshard_copies of two plans: (consumer, operand, layout, start, end, bytes)
+        def __init__(self):
+            self.by_plan = {0: [(9, 1, [0, -1], 5, 9, 8.0), (7, 0, [-1, -1], 7, 7, 4.0)],
+                            1: [(9, 1, [0, -1], 3, 9, 8.0)]}
+
+        def reshard_copies(self, assignment):
+            return self.by_plan[int(assignment[0])]
+
+    built = []
+    copies = ReshardCopies(lambda row_budget: built.append(copies.as_list()) or "rebuilt", (2, 2))
+    copies.add(Plans(), [0])
+    assert copies.add(Plans(), [1]) == "rebuilt"
+    assert built[-1] == [(9, 1, [0, -1], 3, 9), (9, 1, [-1, 0], 3, 9), (7, 0, [-1, -1], 7, 7)]
+    assert len(copies) == 3
