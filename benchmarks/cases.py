@@ -76,8 +76,8 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
         result["reference_loss"] = float(jax.jit(fn)(measure.fresh_copy(state), batch)[1])
         runner = lambda name: step if name == "auto" else result["methods"][name]["jitted"]  # noqa: E731
         if interleave:  # (auto first: vs_first is against auto)
-            timings = measure.time_interleaved({n: (runner(n), measure.fresh_copy(state)) for n in result["methods"]},
-                                               batch, repeats)
+            timings = measure.time_interleaved(
+                {n: (runner(n), measure.fresh_copy(state), batch) for n in result["methods"]}, repeats)
         else:
             timings = {n: measure.time_steps(runner(n), measure.fresh_copy(state), batch, repeats)
                        for n in result["methods"]}

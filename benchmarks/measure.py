@@ -76,18 +76,18 @@ def time_steps(step, state, batch, repeats: int, warmup: int = 2) -> dict:
             "first_loss": first_loss}
 
 
-def time_interleaved(runners: dict, batch, repeats: int, warmup: int = 2) -> dict:
+def time_interleaved(runners: dict, repeats: int, warmup: int = 2) -> dict:
     """``time_steps`` for several methods at once, in rounds: each round runs one step of every
-    method (``runners``: name -> (step, state); each state fed back to its own step), so a machine
+    method (``runners``: name -> (step, state, batch); each state fed back to its own step), so a machine
     that slows down or speeds up during the measurement (other jobs, frequency scaling) weighs on
     every method alike instead of on whichever ran then. Per name: {"median_s", "min_s", "repeats",
     "first_loss", "vs_first"}; ``vs_first`` is the median over rounds of the step time over the first
     method's in the same round (a paired ratio)."""
-    states = {name: state for name, (_, state) in runners.items()}
+    states = {name: state for name, (_, state, _) in runners.items()}
     times = {name: [] for name in runners}
     first_loss: dict = {}
     for i in range(warmup + repeats):
-        for name, (step, _) in runners.items():
+        for name, (step, _, batch) in runners.items():
             t = time.perf_counter()
             states[name], loss = step(states[name], batch)
             jax.block_until_ready((states[name], loss))

@@ -66,7 +66,7 @@ def test_interleaved_timing_runs_rounds_and_pairs_each_round_with_the_first_meth
             return state + batch, float(state)
         return step
 
-    out = measure.time_interleaved({"auto": (make("auto", 1.0), 0), "dp": (make("dp", 2.0), 10)}, 1, repeats=3,
+    out = measure.time_interleaved({"auto": (make("auto", 1.0), 0, 1), "dp": (make("dp", 2.0), 10, 1)}, repeats=3,
                                    warmup=1)
     assert calls == ["auto", "dp"] * 4  # rounds, not one method after the other
     assert out["auto"]["first_loss"] == 0.0 and out["dp"]["first_loss"] == 10.0  # own state, fed back
