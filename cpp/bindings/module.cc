@@ -58,7 +58,8 @@ NodeStrategies node_strategies(const Graph& g, int64_t v, const Mesh& mesh, cons
   }
   std::vector<NodeStrategies> done;
   done.reserve(v + 1);
-  RuleContext ctx{g, mesh, opts, done};
+  const std::vector<char> combinable = combinable_reductions(g);
+  RuleContext ctx{g, mesh, opts, done, combinable};
   for (int64_t u = 0; u <= v; ++u) done.push_back(rule_for(g.op_kind(u))(ctx, u));
   return std::move(done.back());
 }
@@ -144,6 +145,11 @@ void bind_mesh_spec(nb::module_& m) {
     cls.def(name, [many](const Mesh& mm, double b, std::vector<int> axes) { return (mm.*many)(b, axes); },
             "bytes"_a, "axes"_a);
   }
+  cls.def("combined_all_reduce", [](const Mesh& mm, double b, std::vector<int> axes, double bucket) {
+    return mm.combined_all_reduce(b, axes, bucket);
+  }, "bytes"_a, "axes"_a, "bucket_bytes"_a,
+          "An all-reduce XLA combines with others into one of bucket_bytes: its share of alpha\n"
+          "(alpha * min(1, bytes / bucket_bytes)) plus the bandwidth term (mesh.h).");
   m.def("enumerate_specs", [](std::vector<int64_t> shape, const Mesh& mesh) {
     return enumerate_specs(shape, mesh);
   }, "shape"_a, "mesh"_a, "Every spec of `shape` on `mesh` whose splits divide the dims.");
@@ -219,7 +225,8 @@ void bind_graph_strategy(nb::module_& m) {
       .def_rw("memory_budget_per_device", &CoreOptions::memory_budget_per_device)
       .def_rw("merge_followers", &CoreOptions::merge_followers)
       .def_rw("replicate_below_numel", &CoreOptions::replicate_below_numel)
-      .def_rw("tie_repeated_layers", &CoreOptions::tie_repeated_layers);
+      .def_rw("tie_repeated_layers", &CoreOptions::tie_repeated_layers)
+      .def_rw("all_reduce_combine_bytes", &CoreOptions::all_reduce_combine_bytes);
   nb::class_<Graph>(m, "Graph",
                     "Flat op graph (CSR arrays, see extract/graph.py), copied and validated: "
                     "ValueError naming the bad node.")
@@ -241,6 +248,12 @@ void bind_graph_strategy(nb::module_& m) {
       .def_ro("follow", &NodeStrategies::follow,
               "Operand node this node follows 1:1 (strategy k <-> the leader's k), or -1.")
       .def_ro("strategies", &NodeStrategies::list);
+  m.def("combinable_reductions", [](const Graph& g, std::vector<double> weights) {
+    const std::vector<char> c = combinable_reductions(g, weights);
+    return std::vector<bool>(c.begin(), c.end());
+  }, "graph"_a, "weights"_a = std::vector<double>{},
+        "Per node: its all-reduce of partial sums is combined by XLA with others like it (no dot or\n"
+        "convolution reachable from it, weight <= 1; strategy.h).");
   m.def("node_strategies", &node_strategies, "graph"_a, "v"_a, "mesh"_a, "options"_a,
         "Strategies of node v (rules run on nodes 0..v; no merging).");
 }

@@ -120,6 +120,14 @@ double Mesh::all_reduce(double bytes, std::span<const int> axes) const {
   return group_collective(g, bytes, 2.0 * (g.n - 1.0) / g.n);
 }
 
+double Mesh::combined_all_reduce(double bytes, std::span<const int> axes,
+                                 double bucket_bytes) const {
+  if (!(bucket_bytes > 0.0)) return all_reduce(bytes, axes);
+  Group g = flattened(*this, axes);
+  g.alpha *= std::min(1.0, bytes / bucket_bytes);
+  return group_collective(g, bytes, 2.0 * (g.n - 1.0) / g.n);
+}
+
 double Mesh::all_gather(double bytes, std::span<const int> axes) const {
   const Group g = flattened(*this, axes);
   return group_collective(g, bytes, (g.n - 1.0) / g.n);

@@ -278,8 +278,11 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
   int64_t num_groups = 0;
   std::vector<size_t> group_size;
   const std::vector<Dims> indexed = runtime_indexed_dims(graph);
+  // How often each node's own communication runs per step (the Assembler's comm_weight).
+  const std::vector<double>& comm_runs = comm_weights.empty() ? node_weights : comm_weights;
+  const std::vector<char> combinable = combinable_reductions(graph, comm_runs);
   for (int64_t v = 0; v < n; ++v) {
-    const RuleContext ctx{graph, mesh, options, p.nodes};
+    const RuleContext ctx{graph, mesh, options, p.nodes, combinable};
     p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
     drop_unsafe_splits(ctx, indexed, v, p.nodes.back());
     check_rule_output(graph, mesh, p.nodes, v);

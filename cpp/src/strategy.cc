@@ -148,4 +148,32 @@ double node_flops(const Graph& g, int64_t v) {
   return g.numel(v);
 }
 
+std::vector<char> combinable_reductions(const Graph& g, std::span<const double> weights) {
+  const int64_t n = g.num_nodes();
+  if (!weights.empty() && static_cast<int64_t>(weights.size()) != n) {
+    throw std::invalid_argument("combinable_reductions: " + std::to_string(weights.size()) +
+                                " weights for a graph of " + std::to_string(n) + " nodes");
+  }
+  // feeds_heavy[v]: a DOT or CONVOLUTION is reachable from v's result (operands come first, so
+  // one pass from the last node back sees every user of v before v).
+  std::vector<char> feeds_heavy(n, 0), out(n, 0);
+  for (int64_t v = n - 1; v >= 0; --v) {
+    const OpKind k = g.op_kind(v);
+    const bool heavy = k == OpKind::kDot || k == OpKind::kConvolution;
+    if (heavy || feeds_heavy[v]) {
+      for (int64_t u : g.operands(v)) feeds_heavy[u] = 1;
+    }
+    out[v] = !feeds_heavy[v] && (weights.empty() || weights[v] <= 1.0);
+  }
+  return out;
+}
+
+double partial_sum_all_reduce(const RuleContext& ctx, int64_t v, double bytes,
+                              std::span<const int> axes) {
+  if (v < static_cast<int64_t>(ctx.combinable.size()) && ctx.combinable[v]) {
+    return ctx.mesh.combined_all_reduce(bytes, axes, ctx.options.all_reduce_combine_bytes);
+  }
+  return ctx.mesh.all_reduce(bytes, axes);
+}
+
 }  // namespace alpa

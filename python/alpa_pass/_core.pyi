@@ -63,6 +63,12 @@ class Mesh:
     @overload
     def all_to_all(self, bytes: float, axes: Sequence[int]) -> float: ...
 
+    def combined_all_reduce(self, bytes: float, axes: Sequence[int], bucket_bytes: float) -> float:
+        """
+        An all-reduce XLA combines with others into one of bucket_bytes: its share of alpha
+        (alpha * min(1, bytes / bucket_bytes)) plus the bandwidth term (mesh.h).
+        """
+
 def enumerate_specs(shape: Sequence[int], mesh: Mesh) -> list[list[int]]:
     """Every spec of `shape` on `mesh` whose splits divide the dims."""
 
@@ -341,6 +347,12 @@ class CoreOptions:
     @tie_repeated_layers.setter
     def tie_repeated_layers(self, arg: bool, /) -> None: ...
 
+    @property
+    def all_reduce_combine_bytes(self) -> float: ...
+
+    @all_reduce_combine_bytes.setter
+    def all_reduce_combine_bytes(self, arg: float, /) -> None: ...
+
 class Graph:
     """
     Flat op graph (CSR arrays, see extract/graph.py), copied and validated: ValueError naming the bad node.
@@ -390,6 +402,12 @@ class NodeStrategies:
 
     @property
     def strategies(self) -> list[Strategy]: ...
+
+def combinable_reductions(graph: Graph, weights: Sequence[float] = []) -> list[bool]:
+    """
+    Per node: its all-reduce of partial sums is combined by XLA with others like it (no dot or
+    convolution reachable from it, weight <= 1; strategy.h).
+    """
 
 def node_strategies(graph: Graph, v: int, mesh: Mesh, options: CoreOptions) -> NodeStrategies:
     """Strategies of node v (rules run on nodes 0..v; no merging)."""

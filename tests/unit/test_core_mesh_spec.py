@@ -57,6 +57,17 @@ def test_collectives_over_several_axes_are_one_flattened_collective(mesh):
         mesh.all_gather(b, [0, 2])
 
 
+def test_a_combined_all_reduce_pays_its_share_of_alpha(mesh):
+    """XLA combines independent all-reduces into one of up to ``bucket_bytes``: each pays alpha
+    times its share of the bucket (at most one alpha) and its whole bandwidth term."""
+    b = 1000.0
+    assert mesh.combined_all_reduce(b, [1], 4000.0) == pytest.approx(2 * 0.25 + 0.1 * 2 * (3 / 4) * b)
+    assert mesh.combined_all_reduce(b, [0, 1], 8000.0) == pytest.approx(2 / 8 + 0.5 * 2 * (7 / 8) * b)
+    for bucket in (b, 10.0, 0.0, -1.0):  # a buffer as large as the bucket, or no combining
+        assert mesh.combined_all_reduce(b, [1], bucket) == mesh.all_reduce(b, 1)
+    assert mesh.combined_all_reduce(b, [], 4000.0) == 0.0
+
+
 def test_measured_axis_groups_replace_the_largest_per_axis_costs():
     """``axes_costs``: (axes, alpha, beta) of a collective over exactly those axes (a profile's
     measured flattened group); other sets and single axes keep the per-axis rule."""

@@ -106,9 +106,12 @@ def test_matmul_objective_by_hand():
     assert gather == pytest.approx(1 + 0.75 * 32 * 256 * F32)
     assert res.edge_cost == pytest.approx(gather)
     assert res.objective == pytest.approx(compute + gather)
-    # Replicated inputs are sliced for free; the contracting split pays its all-reduce.
+    # Replicated inputs are sliced for free; the contracting split pays its all-reduce, combined
+    # (the result is the program's output: nothing waits for it, its alpha is a 30 MiB bucket's share).
     res = _core.evaluate(ilp, np.array([0, 0, contract], dtype=np.int64))
-    assert res.objective == pytest.approx(compute + MESH14.all_reduce(32 * 256 * F32, 1))
+    combined = MESH14.combined_all_reduce(32 * 256 * F32, [1], 30 << 20)
+    assert combined == pytest.approx(MESH14.all_reduce(32 * 256 * F32, 1) - 1 + 32 * 256 * F32 / (30 << 20))
+    assert res.objective == pytest.approx(compute + combined)
     best = min(_core.evaluate(ilp, np.array(a, dtype=np.int64)).objective
                for a in itertools.product(range(3), range(3), range(3)))
     assert best == pytest.approx(compute)

@@ -16,6 +16,7 @@ def options(**kw):
     opts = _core.CoreOptions()
     opts.merge_followers = False
     opts.memory_cost_per_byte = 0.0
+    opts.all_reduce_combine_bytes = 0.0  # every all-reduce pays alpha (combining: tests that say so)
     for k, v in kw.items():
         setattr(opts, k, v)
     return opts
@@ -231,14 +232,38 @@ def test_reduce_follows_input_and_all_reduces_partial_sums():
     x = param(b, [32, 256])
     init = b.add(OpKind.GENERATOR, [], F32)
     red = b.add(OpKind.REDUCE, [32], F32, [x, init], [1])
-    ns = strategies(b, red, MESH14, merge_followers=True)
+    ns = strategies(b, red, MESH14, merge_followers=True, all_reduce_combine_bytes=30 << 20)
     assert ns.follow == x
     t = {tuple(s.ins[0]): s for s in ns.strategies}
     assert t[(-1, 1)].out == R and t[(-1, 1)].ins[1] == R
-    assert t[(-1, 1)].comm == pytest.approx(MESH14.all_reduce(32 * F32, 1))
+    # nothing reads the sum: XLA combines its all-reduce with the others like it (its alpha share)
+    combined = MESH14.combined_all_reduce(32 * F32, [1], 30 << 20)
+    assert combined == pytest.approx(MESH14.all_reduce(32 * F32, 1) - 1 + 32 * F32 / (30 << 20))
+    assert t[(-1, 1)].comm == pytest.approx(combined)
+    assert _core.CoreOptions().all_reduce_combine_bytes == 30 << 20  # XLA's GPU default
     assert t[(-1, 0)].out == [-1, 0] and t[(-1, 0)].comm == 0
     unmerged = strategies(b, red, MESH14)
     assert unmerged.follow == -1 and len(unmerged.strategies) == 3
+
+
+def test_a_partial_sum_a_matmul_waits_for_pays_a_whole_all_reduce():
+    # reduce -> dot: the next matmul needs the sum, so its all-reduce is not combined (full alpha)
+    b = GraphBuilder()
+    x = param(b, [32, 256])
+    init = b.add(OpKind.GENERATOR, [], F32)
+    red = b.add(OpKind.REDUCE, [32], F32, [x, init], [1])
+    w = param(b, [32, 8], 1)
+    dot = b.add(OpKind.DOT, [8], F32, [red, w], [0, 1, 0, 0])
+    graph = built_graph(b)
+    # only the dot reaches no dot (x, init and w feed it through the reduce or directly)
+    assert _core.combinable_reductions(graph) == [False, False, False, False, True]
+    opts = options(all_reduce_combine_bytes=30 << 20)
+    t = {tuple(s.ins[0]): s for s in _core.node_strategies(graph, red, MESH14, opts).strategies}
+    assert t[(-1, 1)].comm == pytest.approx(MESH14.all_reduce(32 * F32, 1))
+    # in a loop body (weight > 1) a reduction runs every trip: not combined either
+    assert _core.combinable_reductions(graph, [1.0, 1.0, 1.0, 1.0, 3.0])[dot] is False
+    with pytest.raises(ValueError, match="2 weights for a graph of 5 nodes"):
+        _core.combinable_reductions(graph, [1.0, 1.0])
 
 
 def test_reduce_renumbers_remaining_dims():

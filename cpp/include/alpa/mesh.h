@@ -43,6 +43,10 @@ struct Mesh {
   double all_gather(double bytes, std::span<const int> axes) const;
   double reduce_scatter(double bytes, std::span<const int> axes) const;
   double all_to_all(double bytes, std::span<const int> axes) const;
+  // An all-reduce that XLA combines with others into one of `bucket_bytes`: alpha * min(1, bytes /
+  // bucket_bytes) (its share of the combined collective's latency) + the bandwidth term above.
+  // bucket_bytes <= 0: all_reduce(bytes, axes).
+  double combined_all_reduce(double bytes, std::span<const int> axes, double bucket_bytes) const;
 };
 
 }  // namespace alpa

@@ -34,7 +34,7 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles
   for (size_t k = 0; k < axes.size(); ++k) {
     if (choice[k] > 0 && roles[choice[k] - 1].partial) partial.push_back(axes[k]);
   }
-  s.comm = ctx.mesh.all_reduce(bytes_per_device(ctx, v, out), partial);
+  s.comm = partial_sum_all_reduce(ctx, v, bytes_per_device(ctx, v, out), partial);
   s.compute = compute_cost(ctx, node_flops(g, v), devices);
   s.name = strategy_name(op, labels);
   s.out = std::move(out);

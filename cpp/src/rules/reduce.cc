@@ -24,7 +24,7 @@ Strategy make(const RuleContext& ctx, int64_t v, const Spec& in) {
     out[a] = d;
   }
   Strategy s;
-  s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, out), partial_axes);
+  s.comm += partial_sum_all_reduce(ctx, v, bytes_per_device(ctx, v, out), partial_axes);
   s.compute = compute_cost(ctx, g.numel(input), num_shards(in, ctx.mesh));
   s.name = "reduce " + spec_to_string(in, static_cast<int>(g.rank(input))) + "->" +
            spec_to_string(out, static_cast<int>(g.rank(v)));

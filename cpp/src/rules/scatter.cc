@@ -86,7 +86,7 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<ScatterOption>& 
   for (size_t k = 0; k < axes.size(); ++k) {
     if (choice[k] > 0 && options[choice[k] - 1].partial) partial.push_back(axes[k]);
   }
-  s.comm += ctx.mesh.all_reduce(bytes_per_device(ctx, v, input), partial);
+  s.comm += partial_sum_all_reduce(ctx, v, bytes_per_device(ctx, v, input), partial);
   s.compute = compute_cost(ctx, g.numel(ops[2]), num_shards(update, ctx.mesh));
   s.name = strategy_name("scatter", labels);
   s.out = input;
