@@ -35,8 +35,10 @@ def place(tree, specs, jmesh):
     return jax.tree.map(place_global, tree, shardings)
 
 
-def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: list[str]) -> dict:
-    """Plan, compile and time auto and ``methods`` on the global mesh ``shape``; the result dict."""
+def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: list[str],
+        profile: str | None = None) -> dict:
+    """Plan, compile and time auto and ``methods`` on the global mesh ``shape``; the result dict.
+    ``profile``: plan auto with this measured profile (``AutoShardingOption.profile``)."""
     mod = cases.SUITES[suite]
     config = mod.SIZES[size]
     loss_fn, optimizer, state, batch = cases.model_inputs(suite, config, abstract=False)
@@ -49,7 +51,8 @@ def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: li
     first = jax.local_devices()[0]
     result["reference_loss"] = float(jax.jit(fn)(jax.device_put(measure.fresh_copy(state), first),
                                                  jax.device_put(batch, first))[1])
-    step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh), donate_argnums=(0,))
+    option = ap.AutoShardingOption(profile=profile) if profile else None
+    step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
     t = time.perf_counter()
     exe = step.get_executable(state, batch)
     result["digests"] = gather_digests(plan_digest(exe.plan))
@@ -80,9 +83,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("mesh", help="global mesh, e.g. 2x4")
     p.add_argument("repeats", nargs="?", type=int, default=9, help="timed steps per method, in rounds (median)")
     p.add_argument("methods", nargs="?", default="dp", help="comma-separated baselines")
+    p.add_argument("--profile", default=None, help="plan auto with this profile JSON (or 'auto')")
     args = p.parse_args(argv)
     result = run(args.suite, args.size, tuple(int(n) for n in args.mesh.split("x")), args.repeats,
-                 args.methods.split(","))
+                 args.methods.split(","), args.profile)
     if jax.process_index() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -113,7 +113,7 @@ def summary_section(results, timed_out, mpi) -> list[str]:
         t = {n: e["timing"]["median_s"] for n, e in m["methods"].items()}
         others = ", ".join(f"{n} {t[n] / t['auto']:.2f}x" for n in t if n != "auto")
         out += [f"Under `mpirun` ({m['processes']} processes x {m['local_devices']} CPU devices, gloo collectives), "
-                f"{m['suite']} {m['size']}: baselines' step time over auto's: {others}.", ""]
+                f"{label(m)}: baselines' step time over auto's: {others}.", ""]
     if timed_out:
         out += ["Time limits hit (not in the table): " + ", ".join(
             f"{r['suite']} {r['size']} ({r['limit_s']:.0f} s)" for r in timed_out) + ".", ""]
@@ -198,7 +198,9 @@ def mpi_section(mpi: list[dict], results: list[dict]) -> list[str]:
     out = ["## Several processes (`mpirun`)", ""]
     for m in mpi:
         auto = m["methods"]["auto"]["timing"]["median_s"]
-        out += [f"{m['suite']} {m['size']}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, "
+        planned = (f"auto planned with the measured profile `{m['profile']['path']}` (cluster "
+                   f"{m['profile']['key']}); " if m.get("profile") else "")
+        out += [f"{label(m)}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, {planned}"
                 f"one global mesh {'x'.join(map(str, m['mesh']['shape']))} (CPU collectives go through gloo); "
                 f"every rank made the same plan: {'yes' if len(set(m['digests'])) == 1 else '**no**'}. "
                 f"Command: `{m['command']}`.", "",

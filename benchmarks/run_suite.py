@@ -219,7 +219,7 @@ def run_mpi(args) -> int:
            *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
            sys.executable, "-m", "alpa_pass.launch", "--cpu-devices-per-process", str(per_process),
            os.path.join(HERE, "mpi_case.py"), out, args.suite, args.size, "x".join(map(str, shape)),
-           str(args.repeats), args.methods or "dp"]
+           str(args.repeats), args.methods or "dp", *(["--profile", args.profile] if args.profile else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "OMPI_", "PMIX_", "PRTE_"))}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p))
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
@@ -230,12 +230,15 @@ def run_mpi(args) -> int:
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
+    tail = cmd[cmd.index(out) + 1:]
     result["command"] = (f"mpirun -np {args.mpirun} python -m alpa_pass.launch --cpu-devices-per-process "
-                         f"{per_process} benchmarks/mpi_case.py OUT.json {' '.join(cmd[-5:-1])} {cmd[-1]}")
+                         f"{per_process} benchmarks/mpi_case.py OUT.json {' '.join(tail)}")
+    if args.profile:
+        result["profile"] = {"path": args.profile, "key": _profile_key(args.profile)}
     from benchmarks import summary
 
     print(summary.mpi_text(result))
-    write(result, case_file(args.suite, args.size, shape, tag=f"_mpi{args.mpirun}"), args)
+    write(result, case_file(args.suite, args.size, shape, tag=f"_mpi{args.mpirun}", profiled=bool(args.profile)), args)
     return 0
 
 

@@ -162,6 +162,30 @@ def test_a_failing_rank_ends_the_job_quickly(mode):
 
 
 @needs_mpi
+def test_profile_across_two_processes_writes_the_clusters_profile(tmp_path):
+    """``alpa-pass profile`` run on every rank (its tool as the launched script): one profile of
+    the whole 2-process cluster, keyed by its process layout, every axis of its 4 devices timed
+    (the groups spanning both processes too), written by rank 0 only, loadable for planning."""
+    from alpa_pass import cost_profile
+
+    out = tmp_path / "profile.json"
+    tool = ROOT / "python" / "alpa_pass" / "tools" / "profile.py"
+    proc = _launch(str(tool), "--out", str(out), "--sizes", "65536,1048576", "--repeats", "3", "--iters", "4",
+                   "--matmul-n", "128", devices=2, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"wrote {out}") == 1, proc.stderr[-3000:]  # rank 0 writes
+    data = json.loads(out.read_text())
+    assert data["key"] == "cpu-cpu-4dev-2x2"
+    assert data["cluster"]["devices_per_process"] == [2, 2] and data["cluster"]["num_devices"] == 4
+    assert [(a["size"], a["stride"]) for a in data["axes"]] == cost_profile.axes_of(4) == [(2, 1), (4, 1), (2, 2)]
+    for axis in data["axes"]:
+        assert all([b for b, _ in k["samples"]] == [65536, 1 << 20] for k in axis["kinds"].values())
+    profile = cost_profile.load(out)
+    assert profile.mesh_costs((2, 2)) == ((data["axes"][2]["alpha"], data["axes"][0]["alpha"]),
+                                          (data["axes"][2]["beta"], data["axes"][0]["beta"]))
+
+
+@needs_mpi
 def test_unreachable_coordinator_is_a_clear_error():
     proc = _launch("mpi_fault.py", "raise", devices=1, timeout=90,
                             flags=("--coordinator", "192.0.2.1:29500", "--init-timeout", "3"))

@@ -15,7 +15,8 @@ while t(K) - t(1) is too small to stand out of the noise). Buffers start
 as zeros built from an argument (no denormals, nothing for XLA to fold).
 
 In a multi-process job run it on every rank (``alpa-pass run -np N .../alpa_pass/tools/profile.py``,
-the launcher runs the file as a script); rank 0 writes the file. Not yet tried across processes.
+the launcher runs the file as a script): every rank runs every measurement, all take rank 0's
+timings (so all choose the same loop lengths and fits), and rank 0 writes the file.
 """
 from __future__ import annotations
 
@@ -139,15 +140,29 @@ def measure_axis(num_devices: int, size: int, stride: int, sizes, repeats: int, 
     return out
 
 
+def _agreed(seconds: float) -> float:
+    """Rank 0's timing, on every process of a multi-process job (each process times the same
+    computation; what follows from a timing -- the loop length, the fits -- must be the same on
+    all, or the ranks would run different collectives and fail in them)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return seconds
+    from jax.experimental import multihost_utils
+
+    return float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
+
+
 def _per_op(fn, zero, mesh, repeats: int, iters: int) -> float:
     """Seconds of one loop iteration of ``fn(zero, k)`` (k iterations): the difference of
     k = K and k = 1 over K - 1, overheads cancelled. K starts at ``iters`` and grows 4x (at most
     3 times) while the difference is under half of t(1) (the clock's and the machine's noise
-    would dominate it). <= 0 when lost in noise all the same: the fits skip such timings."""
-    one = _timed(fn, zero, _replicated(mesh, np.int32(1)), repeats=repeats)
+    would dominate it). <= 0 when lost in noise all the same: the fits skip such timings.
+    Across processes every timing is rank 0's (:func:`_agreed`)."""
+    one = _agreed(_timed(fn, zero, _replicated(mesh, np.int32(1)), repeats=repeats))
     k = iters
     for attempt in range(4):
-        many = _timed(fn, zero, _replicated(mesh, np.int32(k)), repeats=repeats)
+        many = _agreed(_timed(fn, zero, _replicated(mesh, np.int32(k)), repeats=repeats))
         if many - one >= 0.5 * one or attempt == 3:
             return (many - one) / (k - 1)
         k *= 4
