@@ -23,6 +23,8 @@ RERUN = [
     "python benchmarks/run_suite.py moe --mpirun 2 --methods dp,zero2,zero3,megatron,expert --report-dir benchmarks/report",
     "python benchmarks/run_suite.py wresnet --mpirun 2 --methods dp,zero2,zero3 --report-dir benchmarks/report",
     "python benchmarks/run_suite.py gpt --profile benchmarks/report/profile_cpu-cpu-8dev-1x8.json --report-dir benchmarks/report  # (and moe, wresnet)",
+    "alpa-pass run -np 2 --cpu-devices-per-process 4 python/alpa_pass/tools/profile.py --out benchmarks/report/profile_cpu-cpu-8dev-2x4.json",
+    "python benchmarks/run_suite.py gpt --mpirun 2 --methods dp,zero2,zero3,megatron --repeats 15 --profile benchmarks/report/profile_cpu-cpu-8dev-2x4.json --report-dir benchmarks/report  # (and moe, wresnet)",
     "python benchmarks/run_suite.py gpt --gpu --report-dir benchmarks/report       # 'skipped: no GPU' without one",
     "python benchmarks/report.py                                                   # this page and the plots",
     "```",
@@ -215,9 +217,12 @@ def mpi_section(mpi: list[dict], results: list[dict]) -> list[str]:
             out += ["", "The same case in one process (8 simulated devices, no gloo): " + ", ".join(
                 f"{n} {t * 1e3:.1f} ms ({t / t1['auto']:.2f}x auto)" for n, t in t1.items()) + "."]
             cm = one[0]["cost_model"]
+            # the one-process case's predictions are this case's only when both planned with the
+            # same costs (unit costs, or one profile; a 1x8 profile does not price a 2x4 cluster)
+            same_costs = (one[0].get("profile") or {}).get("key") == (m.get("profile") or {}).get("key")
             faster = [f"{n} (predicted {cm['baselines'][n]['objective'] / cm['auto_objective']:.2f}x auto's cost, "
                       f"measured {m['methods'][n]['timing']['median_s'] / auto:.2f}x)" for n in m["methods"]
-                      if n != "auto" and summary.evaluated(cm["baselines"][n])
+                      if same_costs and n != "auto" and summary.evaluated(cm["baselines"][n])
                       and cm["baselines"][n]["objective"] > cm["auto_objective"]
                       and m["methods"][n]["timing"]["median_s"] < auto]
             if faster:
