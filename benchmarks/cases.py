@@ -10,6 +10,7 @@ import jax
 
 import alpa_pass as ap
 from benchmarks import baselines, measure
+from benchmarks import trace as step_trace
 from benchmarks.cost_model import CostModel
 from benchmarks.models import gpt_sizes, moe_transformer, wide_resnet
 from zoo import default_optimizer, init_state, train_step_for
@@ -32,13 +33,14 @@ def model_inputs(suite: str, config, abstract: bool):
 
 def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardingOption,
              methods=None, run: bool = True, repeats: int = 9, unmerged: bool = True,
-             interleave: bool = True) -> dict:
+             interleave: bool = True, trace: bool = False) -> dict:
     """Plan, compile (and when ``run``, execute and time) auto and every baseline of ``suite``.
 
     ``interleave``: time the methods in rounds (``measure.time_interleaved``; every method's state
     is live at once), else one after another, each state freed before the next (a GPU-sized model).
     ``unmerged``: evaluate baselines that follower merging cannot express in the unmerged ILP
-    (slower; off for the large sizes)."""
+    (slower; off for the large sizes). ``trace``: also trace a few steps of every method and record
+    where each device's time went (``benchmarks.trace``: compute vs collectives by kind)."""
     mod = SUITES[suite]
     config = mod.SIZES[size]
     loss_fn, optimizer, state, batch = model_inputs(suite, config, abstract=not run)
@@ -55,7 +57,7 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
     auto = {"wall_s": time.perf_counter() - t, "objective": exe.plan.objective,
             "predicted": dict(exe.plan.predicted), "timings_s": dict(exe.plan.timings),
             "ilp_size": dict(exe.plan.ilp_size), "solver_status": exe.plan.solver_status,
-            "mip_gap": exe.plan.mip_gap, **measure.compiled_stats(exe)}
+            "mip_gap": exe.plan.mip_gap, **measure.compiled_stats(exe), "hlo": exe.hlo_text()}
     result["methods"] = {"auto": auto}
     jmesh = mesh.jax_mesh()
     for name in methods or SUITE_METHODS[suite]:
@@ -66,7 +68,7 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
         t = time.perf_counter()
         compiled = jitted.lower(state, batch).compile()
         result["methods"][name] = {"compile_s": time.perf_counter() - t, "baseline": base,
-                                   "jitted": jitted, **measure.compiled_stats(compiled)}
+                                   "jitted": jitted, **measure.compiled_stats(compiled), "hlo": compiled.as_text()}
     _progress("cost model: baselines' layouts in the planner's ILP")
     t = time.perf_counter()
     result["cost_model"] = evaluate_baselines(fn, (state, batch), mesh, option, result["methods"], unmerged)
@@ -84,8 +86,13 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
         for name, entry in result["methods"].items():
             entry["timing"] = timings[name]
             entry["loss_error"] = abs(entry["timing"]["first_loss"] - result["reference_loss"])
+        if trace:
+            _progress("trace every method's steps")
+            for name, entry in result["methods"].items():
+                _, entry["trace"] = step_trace.step_breakdown(runner(name), measure.fresh_copy(state), batch,
+                                                              entry["hlo"])
     for entry in result["methods"].values():
-        entry.pop("baseline", None), entry.pop("jitted", None)
+        entry.pop("baseline", None), entry.pop("jitted", None), entry.pop("hlo", None)
     return result
 
 

@@ -22,7 +22,8 @@ RERUN = [
     "python benchmarks/run_suite.py gpt --mpirun 2 --methods dp,zero2,zero3,megatron --report-dir benchmarks/report  # 2 processes x 4 CPU devices",
     "python benchmarks/run_suite.py moe --mpirun 2 --methods dp,zero2,zero3,megatron,expert --report-dir benchmarks/report",
     "python benchmarks/run_suite.py wresnet --mpirun 2 --methods dp,zero2,zero3 --report-dir benchmarks/report",
-    "python benchmarks/run_suite.py gpt --profile benchmarks/report/profile_cpu-cpu-8dev-1x8.json --report-dir benchmarks/report  # (and moe, wresnet)",
+    "alpa-pass profile --cpu-devices 8 --out benchmarks/report/profile_cpu-cpu-8dev-1x8.json",
+    "python benchmarks/run_suite.py gpt --profile benchmarks/report/profile_cpu-cpu-8dev-1x8.json --trace --repeats 21 --report-dir benchmarks/report  # (and moe, wresnet)",
     "alpa-pass run -np 2 --cpu-devices-per-process 4 python/alpa_pass/tools/profile.py --out benchmarks/report/profile_cpu-cpu-8dev-2x4.json",
     "python benchmarks/run_suite.py gpt --mpirun 2 --methods dp,zero2,zero3,megatron --repeats 15 --profile benchmarks/report/profile_cpu-cpu-8dev-2x4.json --report-dir benchmarks/report  # (and moe, wresnet)",
     "python benchmarks/run_suite.py gpt --gpu --report-dir benchmarks/report       # 'skipped: no GPU' without one",
@@ -180,7 +181,25 @@ def case_section(r: dict) -> list[str]:
     dis = summary.compiled_disagreements(r)
     if dis:
         lines += ["", "**The compiled HLO disagrees with the cost model:**", ""] + [f"- {d}" for d in dis]
-    return lines + ["", f"![{name(r)}]({name(r)}.png)", ""]
+    return lines + trace_table(r) + ["", f"![{name(r)}]({name(r)}.png)", ""]
+
+
+def trace_table(r: dict) -> list[str]:
+    """Where each method's step time went on each device (``run_suite.py --trace``) beside what
+    the cost model predicted for compute and for communication."""
+    rows = summary.trace_rows(r)
+    if not rows:
+        return []
+    fmt = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
+    out = ["", "Traced steps (`--trace`: `jax.profiler`, ms per device per step; a collective's time includes "
+               "waiting for the other devices):", "",
+           "| method | step ms | predicted compute | traced compute | predicted comm | traced in collectives | by kind |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for t in rows:
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in t["by_kind"].items()) or "none"
+        out.append(f"| {t['method']} | {t['step_ms']:.1f} | {fmt(t['predicted_compute_ms'])} | {t['compute_ms']:.1f} | "
+                   f"{fmt(t['predicted_comm_ms'])} | {t['collectives_ms']:.1f} | {kinds} |")
+    return out
 
 
 def timed_out_section(timed_out: list[dict]) -> list[str]:

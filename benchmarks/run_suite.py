@@ -51,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--case-timeout", type=float, default=None,
                    help="run each case in a child process killed after this many seconds "
                         "(default: 600 when several sizes are given, else none)")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace a few steps of every method (jax.profiler): each device's time in compute "
+                        "and in collectives, beside the cost model's prediction of each")
     p.add_argument("--gpu", action="store_true", help="run on the local GPUs (throughput, TFLOP/s, MFU)")
     p.add_argument("--mpirun", type=int, default=None, metavar="NP",
                    help="run the case on NP processes under mpirun (CPU: 8/NP simulated devices each)")
@@ -138,7 +141,8 @@ def run_one(args, shape) -> int:
     result = cases.run_case(args.suite, args.size, mesh, ap.AutoShardingOption(solver_time_limit_s=args.time_limit,
                                                                                profile=args.profile),
                             methods=args.methods.split(",") if args.methods else None, run=run,
-                            repeats=args.repeats, unmerged=unmerged, interleave=not args.gpu)
+                            repeats=args.repeats, unmerged=unmerged, interleave=not args.gpu,
+                            trace=args.trace and run)
     if args.gpu:
         result["gpu"] = gpu.throughput(result, args.suite, module.SIZES[args.size],
                                        jax.devices()[0].device_kind, len(jax.devices()))
@@ -169,7 +173,7 @@ def run_child(args, size: str, timeout: float) -> int:
                         ("--methods", args.methods), ("--report-dir", args.report_dir), ("--profile", args.profile)):
         if value is not None:
             argv += [flag, str(value)]
-    argv += ["--no-run"] * args.no_run + ["--gpu"] * args.gpu
+    argv += ["--no-run"] * args.no_run + ["--gpu"] * args.gpu + ["--trace"] * args.trace
     shape = mesh_shape(argparse.Namespace(size=size, mesh=args.mesh))
     os.makedirs(args.out, exist_ok=True)
     log = os.path.join(args.out, case_file(args.suite, size, shape, args.gpu, profiled=bool(args.profile)) + ".log")

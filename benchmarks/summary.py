@@ -37,6 +37,26 @@ def rows(result: dict) -> list[dict]:
     return out
 
 
+def trace_rows(result: dict) -> list[dict]:
+    """Per method traced (``run_suite.py --trace``): predicted compute and communication (ms,
+    when the objective is in seconds, i.e. planned with a profile; else None) beside each device's
+    measured milliseconds per step in compute and in collectives (``benchmarks.trace``)."""
+    cm, out = result["cost_model"], []
+    seconds = bool(result.get("profile"))
+    for name, entry in result["methods"].items():
+        tr = entry.get("trace")
+        if not tr:
+            continue
+        predicted = entry.get("predicted", {}) if name == "auto" else cm["baselines"][name].get("predicted", {})
+        comm = predicted.get("communication", 0.0) + predicted.get("resharding", 0.0)
+        out.append({"method": name, "step_ms": entry.get("timing", {}).get("median_s", 0.0) * 1e3,
+                    "predicted_compute_ms": predicted["compute"] * 1e3 if seconds and predicted else None,
+                    "predicted_comm_ms": comm * 1e3 if seconds and predicted else None,
+                    "compute_ms": tr["compute_ms"], "collectives_ms": tr["collectives_ms"],
+                    "by_kind": tr["by_kind"], "events_matched": tr["events_matched"]})
+    return out
+
+
 def violations(result: dict, model: str = "merged") -> list[str]:
     """Baselines the auto plan is worse than under its own cost model. ``model="merged"`` (the
     planner's own ILP) must be empty; ``"unmerged"`` lists what follower merging costs the plan."""

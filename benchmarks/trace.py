@@ -1,0 +1,92 @@
+"""Where a step's time goes, measured: a ``jax.profiler`` trace of a few steps, each device's
+thunk (CPU) or kernel (GPU) time split into collectives, by kind, and the rest ("compute"), per
+device per step.
+
+The planner predicts a plan's compute and communication separately (``plan.predicted``); the
+suite's step times only say whether their sum ranks the plans right. This says which part is
+wrong. An event of the trace counts when its name is an instruction of the compiled module
+(``all-reduce.32``, ``fusion.7``: XLA names thunks and kernels after them); a collective's time
+is the time its thunk ran on that device, waiting for the other participants included: a
+collective issued after uneven work absorbs the straggler's lead.
+
+    state, breakdown = step_breakdown(step, state, batch, hlo_text, steps=5)
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# "%name = shape opcode(" in HLO text; shapes may be tuples with spaces, so the opcode is the last
+# word before the first "(" that follows "= ".
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([\w\-]+)\(")
+
+
+def instruction_kinds(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> its collective kind (async ``-start``/``-done`` halves included) or
+    "compute", for every instruction of the module."""
+    out = {}
+    for line in hlo_text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if not m:
+            continue
+        opcode = m.group(3)
+        base = re.sub(r"-(start|done|update)$", "", opcode)
+        out[m.group(1)] = base if base in COLLECTIVES else "compute"
+    return out
+
+
+def breakdown(events, kinds: dict[str, str], num_devices: int, steps: int) -> dict:
+    """Milliseconds per device per step from complete trace events (``ph == "X"``, ``dur`` in us):
+    ``compute`` and ``collectives`` (total and ``by_kind``), over the events named after an
+    instruction in ``kinds``; ``events_matched`` counts them (0: the trace named nothing of the
+    module, and the figures mean nothing)."""
+    per_kind = collections.Counter()
+    matched = 0
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        kind = kinds.get(e.get("name", ""))
+        if kind is None:
+            continue
+        per_kind[kind] += float(e.get("dur", 0.0))
+        matched += 1
+    scale = 1e-3 / (num_devices * steps)  # us summed over devices and steps -> ms per device per step
+    by_kind = {k: per_kind[k] * scale for k in COLLECTIVES if per_kind[k]}
+    return {"compute_ms": per_kind["compute"] * scale, "collectives_ms": sum(by_kind.values()),
+            "by_kind": by_kind, "events_matched": matched, "steps": steps, "devices": num_devices}
+
+
+def read_trace_events(trace_dir: str) -> list:
+    """The events of the newest perfetto trace under ``trace_dir`` (``jax.profiler.trace(...,
+    create_perfetto_trace=True)``)."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        raise RuntimeError(f"jax.profiler wrote no perfetto trace under {trace_dir}")
+    with gzip.open(files[-1]) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def step_breakdown(step, state, batch, hlo_text: str, steps: int = 5, warmup: int = 1):
+    """Run ``state, loss = step(state, batch)`` ``warmup`` times, then ``steps`` times under the
+    profiler; returns the last state (the step may donate it) and :func:`breakdown` of the traced
+    steps over all devices of the process."""
+    import jax
+
+    for _ in range(warmup):
+        state, loss = step(state, batch)
+        jax.block_until_ready((state, loss))
+    with tempfile.TemporaryDirectory(prefix="alpa_pass_trace_") as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(steps):
+                state, loss = step(state, batch)
+                jax.block_until_ready((state, loss))
+        events = read_trace_events(d)
+    return state, breakdown(events, instruction_kinds(hlo_text), len(jax.local_devices()), steps)
