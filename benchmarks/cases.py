@@ -10,7 +10,7 @@ import jax
 
 import alpa_pass as ap
 from benchmarks import baselines, measure
-from benchmarks import trace as step_trace
+from benchmarks import step_trace
 from benchmarks.cost_model import CostModel
 from benchmarks.models import gpt_sizes, moe_transformer, wide_resnet
 from zoo import default_optimizer, init_state, train_step_for
@@ -40,7 +40,7 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
     is live at once), else one after another, each state freed before the next (a GPU-sized model).
     ``unmerged``: evaluate baselines that follower merging cannot express in the unmerged ILP
     (slower; off for the large sizes). ``trace``: also trace a few steps of every method and record
-    where each device's time went (``benchmarks.trace``: compute vs collectives by kind)."""
+    where each device's time went (``benchmarks.step_trace``: compute vs collectives by kind)."""
     mod = SUITES[suite]
     config = mod.SIZES[size]
     loss_fn, optimizer, state, batch = model_inputs(suite, config, abstract=not run)

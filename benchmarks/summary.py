@@ -40,7 +40,7 @@ def rows(result: dict) -> list[dict]:
 def trace_rows(result: dict) -> list[dict]:
     """Per method traced (``run_suite.py --trace``): predicted compute and communication (ms,
     when the objective is in seconds, i.e. planned with a profile; else None) beside each device's
-    measured milliseconds per step in compute and in collectives (``benchmarks.trace``)."""
+    measured milliseconds per step in compute and in collectives (``benchmarks.step_trace``)."""
     cm, out = result["cost_model"], []
     seconds = bool(result.get("profile"))
     for name, entry in result["methods"].items():

@@ -1,4 +1,4 @@
-"""Where a traced step's time goes (benchmarks/trace.py): instructions named in the HLO, trace
+"""Where a traced step's time goes (benchmarks/step_trace.py): instructions named in the HLO, trace
 events summed per device per step, and a real profiler trace of a psum step."""
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from benchmarks import report_md, summary, trace
+from benchmarks import report_md, step_trace as trace, summary
 
 HLO = """HloModule jit_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
 
