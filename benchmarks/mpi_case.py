@@ -6,8 +6,10 @@
 (``benchmarks/run_suite.py gpt --mpirun 2`` builds that command.) Every process builds the same
 state and batch (fixed keys); the auto plan (``ShardParallel`` on the global mesh) and each
 hand-written baseline (default: ``dp``) are compiled and timed on all processes' devices, state
-fed back. Rank 0 writes OUT.json: per method the compiled figures (comm, memory, FLOPs), the
-median step time and the first loss against single-device ``jax.jit`` on rank 0's first device.
+fed back, and each baseline's layouts are evaluated in the planner's ILP (``cost_model``, as in
+``cases.run_case``). Rank 0 writes OUT.json: per method the compiled figures (comm, memory,
+FLOPs), the median step time and the first loss against single-device ``jax.jit`` on rank 0's
+first device.
 """
 from __future__ import annotations
 
@@ -45,19 +47,20 @@ def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: li
     fn = train_step_for(loss_fn, optimizer)
     mesh = ap.LogicalMesh(shape=shape)
     jmesh = mesh.jax_mesh()
-    result = {"suite": suite, "size": size, "config": cases._asdict(config), "mesh": {"shape": list(shape)},
+    result = {"suite": suite, "size": size, "config": cases._asdict(config), "mesh": {"shape": list(shape)}, "ran": True,
               "processes": jax.process_count(), "devices": jax.device_count(),
               "local_devices": jax.local_device_count(), "jax": jax.__version__, "methods": {}}
     first = jax.local_devices()[0]
     result["reference_loss"] = float(jax.jit(fn)(jax.device_put(measure.fresh_copy(state), first),
                                                  jax.device_put(batch, first))[1])
-    option = ap.AutoShardingOption(profile=profile) if profile else None
+    option = ap.AutoShardingOption(profile=profile)  # (profile None: unit costs)
     step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
     t = time.perf_counter()
     exe = step.get_executable(state, batch)
     result["digests"] = gather_digests(plan_digest(exe.plan))
     result["methods"]["auto"] = {"wall_s": time.perf_counter() - t, "objective": exe.plan.objective,
-                                 "timings_s": dict(exe.plan.timings), **measure.compiled_stats(exe)}
+                                 "predicted": dict(exe.plan.predicted), "timings_s": dict(exe.plan.timings),
+                                 **measure.compiled_stats(exe)}
     runners = {"auto": (step, measure.fresh_copy(state), batch)}  # timed in rounds once all compiled
     for name in methods:
         rule = getattr(mod, "megatron_dim" if name == "megatron" else "expert_dim", None)
@@ -66,8 +69,17 @@ def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: li
         g_state, g_batch = place(state, base.state_specs, jmesh), place(batch, base.batch_specs, jmesh)
         t = time.perf_counter()
         compiled = jitted.lower(g_state, g_batch).compile()
-        result["methods"][name] = {"compile_s": time.perf_counter() - t, **measure.compiled_stats(compiled)}
+        result["methods"][name] = {"compile_s": time.perf_counter() - t, "baseline": base,
+                                   **measure.compiled_stats(compiled)}
         runners[name] = (jitted, g_state, g_batch)
+    # each baseline's layouts in the planner's ILP under the costs auto was planned with (every rank
+    # evaluates the same deterministic ILPs): predicted against measured under mpirun
+    t = time.perf_counter()
+    result["cost_model"] = cases.evaluate_baselines(fn, (state, batch), mesh, option,
+                                                    result["methods"])
+    result["cost_model"]["wall_s"] = time.perf_counter() - t
+    for entry in result["methods"].values():
+        entry.pop("baseline", None)
     timings = measure.time_interleaved(runners, repeats)
     for name, entry in result["methods"].items():
         entry["timing"] = timings[name]

@@ -41,7 +41,8 @@ def name(r: dict) -> str:
 
 def label(r: dict) -> str:
     """A case as the tables name it (a case planned with a measured profile says so)."""
-    return f"{r['suite']} {r['size']}{' (profiled)' if r.get('profile') else ''}"
+    procs = f", mpirun -np {r['processes']}" if r.get("processes", 1) > 1 else ""
+    return f"{r['suite']} {r['size']}{' (profiled)' if r.get('profile') else ''}{procs}"
 
 
 def params_text(n: int) -> str:
@@ -116,7 +117,7 @@ def summary_section(results, timed_out, mpi) -> list[str]:
         t = {n: e["timing"]["median_s"] for n, e in m["methods"].items()}
         others = ", ".join(f"{n} {t[n] / t['auto']:.2f}x" for n in t if n != "auto")
         out += [f"Under `mpirun` ({m['processes']} processes x {m['local_devices']} CPU devices, gloo collectives), "
-                f"{label(m)}: baselines' step time over auto's: {others}.", ""]
+                f"{label(m).split(', mpirun')[0]}: baselines' step time over auto's: {others}.", ""]
     if timed_out:
         out += ["Time limits hit (not in the table): " + ", ".join(
             f"{r['suite']} {r['size']} ({r['limit_s']:.0f} s)" for r in timed_out) + ".", ""]
@@ -221,7 +222,7 @@ def mpi_section(mpi: list[dict], results: list[dict]) -> list[str]:
         auto = m["methods"]["auto"]["timing"]["median_s"]
         planned = (f"auto planned with the measured profile `{m['profile']['path']}` (cluster "
                    f"{m['profile']['key']}); " if m.get("profile") else "")
-        out += [f"{label(m)}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, {planned}"
+        out += [f"{label(m).split(', mpirun')[0]}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, {planned}"
                 f"one global mesh {'x'.join(map(str, m['mesh']['shape']))} (CPU collectives go through gloo); "
                 f"every rank made the same plan: {'yes' if len(set(m['digests'])) == 1 else '**no**'}. "
                 f"Command: `{m['command']}`.", "",
@@ -235,13 +236,15 @@ def mpi_section(mpi: list[dict], results: list[dict]) -> list[str]:
             t1 = {n: e["timing"]["median_s"] for n, e in one[0]["methods"].items() if n in m["methods"]}
             out += ["", "The same case in one process (8 simulated devices, no gloo): " + ", ".join(
                 f"{n} {t * 1e3:.1f} ms ({t / t1['auto']:.2f}x auto)" for n, t in t1.items()) + "."]
+        # the case's own evaluation of the baselines, else the one-process case's when both planned
+        # with the same costs (unit costs, or one profile; a 1x8 profile does not price a 2x4 cluster)
+        cm = m.get("cost_model")
+        if cm is None and one and (one[0].get("profile") or {}).get("key") == (m.get("profile") or {}).get("key"):
             cm = one[0]["cost_model"]
-            # the one-process case's predictions are this case's only when both planned with the
-            # same costs (unit costs, or one profile; a 1x8 profile does not price a 2x4 cluster)
-            same_costs = (one[0].get("profile") or {}).get("key") == (m.get("profile") or {}).get("key")
+        if cm is not None:
             faster = [f"{n} (predicted {cm['baselines'][n]['objective'] / cm['auto_objective']:.2f}x auto's cost, "
                       f"measured {m['methods'][n]['timing']['median_s'] / auto:.2f}x)" for n in m["methods"]
-                      if same_costs and n != "auto" and summary.evaluated(cm["baselines"][n])
+                      if n != "auto" and n in cm["baselines"] and summary.evaluated(cm["baselines"][n])
                       and cm["baselines"][n]["objective"] > cm["auto_objective"]
                       and m["methods"][n]["timing"]["median_s"] < auto]
             if faster:
@@ -290,10 +293,12 @@ def ranking_section(results: list[dict]) -> list[str]:
         unit = "s" if r.get("profile") else ""
         out.append(f"| {label(r)} | {len(pm)} | {'—' if rho is None else f'{rho:.2f}'} | "
                    + ", ".join(f"{m} {p:.4g}{unit} / {t * 1e3:.1f}" for m, p, t in pm) + " |")
-    pooled = [x for r in ran if r.get("profile") for x in summary.predicted_vs_measured(r)]
-    if pooled:
+    keys = sorted({r["profile"].get("key") or "" for r in ran if r.get("profile")})
+    for key in keys:  # pooled per profile: seconds of one cluster's costs compare across its cases
+        pooled = [x for r in ran if r.get("profile") and (r["profile"].get("key") or "") == key
+                  for x in summary.predicted_vs_measured(r)]
         rho = summary.spearman([p for _, p, _ in pooled], [t for _, _, t in pooled])
-        out += ["", f"Over all {len(pooled)} plans of the profiled cases: rank correlation "
+        out += ["", f"Over all {len(pooled)} plans of the cases profiled as `{key}`: rank correlation "
                     f"{'—' if rho is None else f'{rho:.2f}'} (it mixes models of different sizes, which rank "
                     f"easily; the per-case figures are the harder test)."]
     return out + [""]
@@ -304,7 +309,8 @@ def markdown(results: list[dict], timed_out: list[dict], mpi: list[dict]) -> str
            "Generated by `python benchmarks/report.py` from `benchmarks/report/data/*.json` "
            "(written by `benchmarks/run_suite.py ... --report-dir benchmarks/report`). "
            "See `benchmarks/README.md` for what each method and column means.", ""]
-    out += summary_section(results, timed_out, mpi) + ranking_section(results) + cost_model_section(results)
+    out += (summary_section(results, timed_out, mpi) + ranking_section(results + [m for m in mpi if "cost_model" in m])
+            + cost_model_section(results))
     for r in results:
         out += case_section(r)
     out += timed_out_section(timed_out) + mpi_section(mpi, results) + gpu_section(results)
