@@ -90,6 +90,10 @@ def expand_sizes(suite_sizes, requested: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.trace and (args.gpu or args.mpirun):
+        print("--trace reads the thunk events of CPU devices in one process; not with --gpu or --mpirun",
+              file=sys.stderr)
+        return 2
     if args.gpu and not _has_gpu():
         print("skipped: no GPU")
         return 0

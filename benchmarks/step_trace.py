@@ -1,13 +1,14 @@
 """Where a step's time goes, measured: a ``jax.profiler`` trace of a few steps, each device's
-thunk (CPU) or kernel (GPU) time split into collectives, by kind, and the rest ("compute"), per
-device per step.
+thunk time split into collectives, by kind, and the rest ("compute"), per device per step. CPU
+devices only: XLA:CPU names each thunk's trace event after its instruction; how a GPU trace names
+its kernels was not checked, so other platforms are refused rather than summed wrongly.
 
 The planner predicts a plan's compute and communication separately (``plan.predicted``); the
 suite's step times only say whether their sum ranks the plans right. This says which part is
 wrong. An event of the trace counts when its name is an instruction of the compiled module
-(``all-reduce.32``, ``fusion.7``: XLA names thunks and kernels after them); a collective's time
-is the time its thunk ran on that device, waiting for the other participants included: a
-collective issued after uneven work absorbs the straggler's lead.
+(``all-reduce.32``, ``fusion.7``); a collective's time is the time its thunk ran on that device,
+waiting for the other participants included: a collective issued after uneven work absorbs the
+straggler's lead.
 
     state, breakdown = step_breakdown(step, state, batch, hlo_text, steps=5)
 """
@@ -80,6 +81,10 @@ def step_breakdown(step, state, batch, hlo_text: str, steps: int = 5, warmup: in
     steps over all devices of the process."""
     import jax
 
+    platform = jax.devices()[0].platform
+    if platform != "cpu":  # (see the module doc)
+        raise NotImplementedError(f"step_breakdown reads XLA:CPU thunk events; {platform} traces are not "
+                                  f"supported yet")
     for _ in range(warmup):
         state, loss = step(state, batch)
         jax.block_until_ready((state, loss))
