@@ -42,7 +42,7 @@ def name(r: dict) -> str:
 def label(r: dict) -> str:
     """A case as the tables name it (a case planned with a measured profile says so)."""
     procs = f", mpirun -np {r['processes']}" if r.get("processes", 1) > 1 else ""
-    return f"{r['suite']} {r['size']}{' (profiled)' if r.get('profile') else ''}{procs}"
+    return f"{r['suite']} {r['size']} {'x'.join(map(str, r['mesh']['shape']))}{' (profiled)' if r.get('profile') else ''}{procs}"
 
 
 def params_text(n: int) -> str:

@@ -39,8 +39,8 @@ def test_ranking_pairs_each_evaluated_plan_that_ran_and_pools_only_profiled_case
     assert summary.predicted_vs_measured(unit) == [("auto", 1.0, 0.010), ("dp", 2.0, 0.008), ("zero2", 3.0, 0.011)]
     lines = report_md.ranking_section([profiled, unit])
     rows = {ln.split(" | ")[0]: ln for ln in lines if ln.startswith("| gpt small")}
-    assert " | 4 | 1.00 | " in rows["| gpt small (profiled)"]
-    assert " | 3 | 0.50 | " in rows["| gpt small"]  # ranks (0,1,2) against (1,0,2)
+    assert " | 4 | 1.00 | " in rows["| gpt small 2x4 (profiled)"]
+    assert " | 3 | 0.50 | " in rows["| gpt small 2x4"]  # ranks (0,1,2) against (1,0,2)
     assert "Over all 4 plans of the cases profiled as `k`: rank correlation 1.00" in "\n".join(lines)
     assert report_md.name(profiled) == "gpt_small_2x4_profiled" and report_md.name(unit) == "gpt_small_2x4"
 
@@ -51,9 +51,9 @@ def test_an_mpirun_case_is_ranked_on_its_own_row_and_pooled_only_with_its_own_pr
     mpi = _case(True, {"auto": 0.30, "dp": 0.31, "megatron": 0.26},  # 2x4 cluster: predicted all wrong way
                 {"auto": 0.05, "dp": 0.06, "megatron": 0.07})
     mpi["processes"], mpi["profile"]["key"] = 2, "k2"
-    assert report_md.label(mpi) == "gpt small (profiled), mpirun -np 2"
+    assert report_md.label(mpi) == "gpt small 2x4 (profiled), mpirun -np 2"
     text = "\n".join(report_md.ranking_section([one, mpi]))
-    assert "| gpt small (profiled), mpirun -np 2 | 3 | -0.50 | " in text  # ranks (0,1,2) vs (1,2,0)
+    assert "| gpt small 2x4 (profiled), mpirun -np 2 | 3 | -0.50 | " in text  # ranks (0,1,2) vs (1,2,0)
     assert "Over all 4 plans of the cases profiled as `k`: rank correlation 1.00" in text
     assert "Over all 3 plans of the cases profiled as `k2`: rank correlation -0.50" in text
 
