@@ -39,10 +39,13 @@ def name(r: dict) -> str:
     return f"{r['suite']}_{r['size']}_{'x'.join(map(str, r['mesh']['shape']))}{'_profiled' if r.get('profile') else ''}"
 
 
-def label(r: dict) -> str:
-    """A case as the tables name it (a case planned with a measured profile says so)."""
-    procs = f", mpirun -np {r['processes']}" if r.get("processes", 1) > 1 else ""
-    return f"{r['suite']} {r['size']} {'x'.join(map(str, r['mesh']['shape']))}{' (profiled)' if r.get('profile') else ''}{procs}"
+def label(r: dict, mesh: bool = True, processes: bool = True) -> str:
+    """A case as the tables name it: suite, size, mesh (unless ``mesh=False``, where a column or
+    the sentence names it), whether planned with a measured profile, and the process count of an
+    mpirun case (unless ``processes=False``, where the sentence says so)."""
+    shape = f" {'x'.join(map(str, r['mesh']['shape']))}" if mesh else ""
+    procs = f", mpirun -np {r['processes']}" if processes and r.get("processes", 1) > 1 else ""
+    return f"{r['suite']} {r['size']}{shape}{' (profiled)' if r.get('profile') else ''}{procs}"
 
 
 def params_text(n: int) -> str:
@@ -59,7 +62,7 @@ def headline_table(results: list[dict]) -> list[str]:
              "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         h = summary.headline(r)
-        lines.append(f"| {label(r)} | {params_text(r['params'])} | {'x'.join(map(str, r['mesh']['shape']))} "
+        lines.append(f"| {label(r, mesh=False)} | {params_text(r['params'])} | {'x'.join(map(str, r['mesh']['shape']))} "
                      f"| {'yes' if r['ran'] else 'compiled only'} | {h['planning_s']:.1f} "
                      f"| {_ratio(h['objective_vs_best'], h['objective_best'])} "
                      f"| {_ratio(h['comm_vs_best'], h['comm_best'])} | {_ratio(h['peak_vs_best'], h['peak_best'])} "
@@ -117,7 +120,7 @@ def summary_section(results, timed_out, mpi) -> list[str]:
         t = {n: e["timing"]["median_s"] for n, e in m["methods"].items()}
         others = ", ".join(f"{n} {t[n] / t['auto']:.2f}x" for n in t if n != "auto")
         out += [f"Under `mpirun` ({m['processes']} processes x {m['local_devices']} CPU devices, gloo collectives), "
-                f"{label(m).split(', mpirun')[0]}: baselines' step time over auto's: {others}.", ""]
+                f"{label(m, processes=False)}: baselines' step time over auto's: {others}.", ""]
     if timed_out:
         out += ["Time limits hit (not in the table): " + ", ".join(
             f"{r['suite']} {r['size']} ({r['limit_s']:.0f} s)" for r in timed_out) + ".", ""]
@@ -143,7 +146,7 @@ def cost_model_section(results: list[dict]) -> list[str]:
 
 def case_section(r: dict) -> list[str]:
     auto = r["methods"]["auto"]
-    lines = [f"## {label(r)} — {r['params'] / 1e6:,.1f}M params, mesh "
+    lines = [f"## {label(r, mesh=False)} — {r['params'] / 1e6:,.1f}M params, mesh "
              f"{'x'.join(map(str, r['mesh']['shape']))} ({r['devices']}{'' if r['ran'] else ', compiled only'})", "",
              f"Planning: {auto['wall_s']:.1f}s (" + ", ".join(f"{k} {v:.2f}s" for k, v in auto["timings_s"].items())
              + f"); ILP {auto['ilp_size']['groups']} groups, {auto['ilp_size']['columns']} columns, "
@@ -222,7 +225,7 @@ def mpi_section(mpi: list[dict], results: list[dict]) -> list[str]:
         auto = m["methods"]["auto"]["timing"]["median_s"]
         planned = (f"auto planned with the measured profile `{m['profile']['path']}` (cluster "
                    f"{m['profile']['key']}); " if m.get("profile") else "")
-        out += [f"{label(m).split(', mpirun')[0]}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, {planned}"
+        out += [f"{label(m, processes=False)}: {m['processes']} processes x {m['local_devices']} simulated CPU devices, {planned}"
                 f"one global mesh {'x'.join(map(str, m['mesh']['shape']))} (CPU collectives go through gloo); "
                 f"every rank made the same plan: {'yes' if len(set(m['digests'])) == 1 else '**no**'}. "
                 f"Command: `{m['command']}`.", "",
