@@ -95,3 +95,87 @@ def step_breakdown(step, state, batch, hlo_text: str, steps: int = 5, warmup: in
                 jax.block_until_ready((state, loss))
         events = read_trace_events(d)
     return state, breakdown(events, instruction_kinds(hlo_text), len(jax.local_devices()), steps)
+
+
+def probe_summary(events, hlo_text: str, top: int = 40) -> dict:
+    """How a trace names a module's work, for platforms whose naming is unchecked (GPU): per
+    process/thread (by their metadata names) the complete events' count and total us, which event
+    names and which ``args`` values are instructions of ``hlo_text``, the ``args`` keys seen, and
+    the ``top`` names by total duration. What :func:`breakdown` would need to read a GPU trace."""
+    kinds = instruction_kinds(hlo_text)
+    names = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            key = (e.get("pid"), e.get("tid")) if e["name"] == "thread_name" else (e.get("pid"), None)
+            names[key] = (e.get("args") or {}).get("name")
+    lanes = collections.defaultdict(lambda: {"events": 0, "dur_us": 0.0, "name_is_instruction": 0,
+                                             "arg_is_instruction": collections.Counter()})
+    arg_keys = collections.Counter()
+    by_name = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        lane = lanes[f"{names.get((e.get('pid'), None))} / {names.get((e.get('pid'), e.get('tid')))}"]
+        lane["events"] += 1
+        lane["dur_us"] += float(e.get("dur", 0.0))
+        lane["name_is_instruction"] += e.get("name") in kinds
+        for k, v in (e.get("args") or {}).items():
+            arg_keys[k] += 1
+            if isinstance(v, str) and v in kinds:
+                lane["arg_is_instruction"][k] += 1
+        by_name[e.get("name", "")] += float(e.get("dur", 0.0))
+    return {"lanes": {k: {**v, "arg_is_instruction": dict(v["arg_is_instruction"])} for k, v in lanes.items()},
+            "arg_keys": dict(arg_keys.most_common(60)), "top_names_us": dict(by_name.most_common(top)),
+            "instructions": len(kinds)}
+
+
+def probe(out_dir: str, steps: int = 3) -> dict:
+    """Trace ``steps`` steps of the small GPT's auto plan on this process's devices and write to
+    ``out_dir``: the compiled HLO (``probe.hlo.txt``), the perfetto trace (``probe_trace.json.gz``)
+    and :func:`probe_summary` (``probe_summary.json``). For checking a platform's trace naming."""
+    import shutil
+    import sys
+
+    import jax
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import alpa_pass as ap
+    from benchmarks import cases
+
+    config = cases.SUITES["gpt"].SIZES["small"]
+    loss_fn, optimizer, state, batch = cases.model_inputs("gpt", config, abstract=False)
+    step = ap.parallelize(cases.train_step_for(loss_fn, optimizer),
+                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, len(jax.devices())))),
+                          donate_argnums=(0,))
+    hlo = step.get_executable(state, batch).hlo_text()
+    state, loss = step(state, batch)
+    jax.block_until_ready((state, loss))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "probe.hlo.txt"), "w") as f:
+        f.write(hlo)
+    with tempfile.TemporaryDirectory(prefix="alpa_pass_trace_") as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(steps):
+                state, loss = step(state, batch)
+                jax.block_until_ready((state, loss))
+        files = sorted(glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True))
+        shutil.copy(files[-1], os.path.join(out_dir, "probe_trace.json.gz"))
+        events = read_trace_events(d)
+    summary = {"platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
+               "devices": len(jax.devices()), "jax": jax.__version__, "steps": steps,
+               **probe_summary(events, hlo)}
+    with open(os.path.join(out_dir, "probe_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+if __name__ == "__main__":  # python benchmarks/step_trace.py --probe OUTDIR
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "--probe":
+        sys.exit("usage: python benchmarks/step_trace.py --probe OUTDIR")
+    s = probe(sys.argv[2])
+    for lane, v in sorted(s["lanes"].items(), key=lambda kv: -kv[1]["dur_us"]):
+        print(f"{lane}: {v['events']} events, {v['dur_us'] / 1e3:.2f} ms, name=instruction "
+              f"{v['name_is_instruction']}, args {v['arg_is_instruction']}")
+    print("arg keys:", s["arg_keys"])

@@ -109,3 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":  # python -m alpa_pass.launch.cli (where the console script is not on PATH)
+    main()
