@@ -54,11 +54,16 @@ class ParallelizedFunction:
         if kwargs:
             raise TypeError(f"parallelized {self.__name__} got keyword arguments {sorted(kwargs)}; "
                             f"pass them positionally")
-        exe = self.get_executable(*args)
-        return exe(*self._dynamic(args))
+        exe, leaves, treedef = self._lookup(args)
+        return exe.call_flat(leaves, treedef)
 
     def get_executable(self, *args):
         """Plan and compile for these arguments (arrays or ``jax.ShapeDtypeStruct``s); run nothing."""
+        return self._lookup(args)[0]
+
+    def _lookup(self, args):
+        """(the executable for ``args``, planned and compiled on first sight; the dynamic
+        arguments' leaves and treedef). Runs on every call: keep it cheap."""
         dyn = self._dynamic(args)
         leaves, treedef = jax.tree.flatten(dyn)
         key = (treedef, tuple(_leaf_key(x) for x in leaves), self._static_key(args))
@@ -66,7 +71,7 @@ class ParallelizedFunction:
         if exe is None:
             exe = self._build(args, dyn)
             self._cache[key] = exe
-        return exe
+        return exe, leaves, treedef
 
     def plan(self, *args):
         """Plan only (trace, extract, build, solve) and return the Plan; nothing is compiled (the plan
@@ -133,9 +138,15 @@ class ParallelizedFunction:
 
 
 def _leaf_key(x):
-    """Shape, dtype and weak type of a leaf (not its sharding: any placement may be fed back)."""
-    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
-    return tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))
+    """Shape, dtype and weak type of a leaf (not its sharding: any placement may be fed back).
+    Computed on every call: arrays and ShapeDtypeStructs answer from their attributes (a dtype
+    object hashes and compares by value); anything else (Python scalars, NumPy values, typed PRNG
+    key arrays) through ``jax.typeof``, which also decides their weak type."""
+    weak = getattr(x, "weak_type", None)  # (typed PRNG key arrays have none)
+    if weak is not None and isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return tuple(x.shape), x.dtype, bool(weak)
+    aval = jax.typeof(x)
+    return tuple(aval.shape), aval.dtype, bool(aval.weak_type)
 
 
 def _num_positional(fn) -> int | None:

@@ -36,7 +36,10 @@ class Executable:
                                                      for i, s in zip(infos, self.input_shardings)])
 
     def __call__(self, *args):
-        leaves, treedef = jax.tree.flatten(args)
+        return self.call_flat(*jax.tree.flatten(args))
+
+    def call_flat(self, leaves, treedef):
+        """``self(*jax.tree.unflatten(treedef, leaves))`` without flattening the arguments again."""
         if treedef != self._in_treedef:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}; "
                             f"call the parallelized function (it plans each new structure) instead")
@@ -47,8 +50,9 @@ class Executable:
     def _place(x, sharding):
         """``x`` with ``sharding``. A sharding over other processes' devices (multi-process runs)
         takes the same full host value on every process (see ``multiprocess.place_global``)."""
-        if isinstance(x, jax.Array) and x.sharding == sharding:
-            return x
+        if isinstance(x, jax.Array) and (x.sharding is sharding or x.sharding == sharding
+                                         or x.sharding.is_equivalent_to(sharding, x.ndim)):
+            return x  # (an equivalent placement, e.g. one device's array on a 1-device mesh, is taken as is)
         if not sharding.is_fully_addressable:
             return place_global(x, sharding)
         return jax.device_put(x, sharding)

@@ -47,7 +47,10 @@ class PipeshardExecutable:
         self.plan = PipelinePlan.from_program(program)
 
     def __call__(self, *args):
-        leaves, treedef = jax.tree.flatten(args)
+        return self.call_flat(*jax.tree.flatten(args))
+
+    def call_flat(self, leaves, treedef):
+        """``self(*jax.tree.unflatten(treedef, leaves))`` without flattening the arguments again."""
         if treedef != self._in_treedef:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}")
         if jax.process_count() > 1:
