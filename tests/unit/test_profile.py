@@ -3,6 +3,7 @@ alpha/beta fit, the JSON and its key, the mesh costs the core receives, the plan
 the plan fingerprint."""
 import json
 import logging
+import os
 
 import jax
 import numpy as np
@@ -116,6 +117,29 @@ def test_profile_sets_the_mesh_and_compute_costs_the_core_receives():
     assert opts.compute_cost_per_flop == pytest.approx(1 / 4e9)
     assert opts.memory_cost_per_byte == pytest.approx(1e-9 * 1e-8)  # the tie-breaker x median beta
     assert option.core_mesh(ap.LogicalMesh(shape=(4, 2))).beta == [5e-9, 1e-8]  # (4, stride 2), (2, stride 1)
+
+
+def test_a_one_device_profile_weighs_memory_by_its_measured_bandwidth(mlp_step):
+    # the profile gpu_check.sh took of one H200 (no mesh axes): the memory tie-breaker is scaled by
+    # a byte through memory (1 / 3.58 TB/s), not by 1 s/byte, so the objective is the step's compute
+    # (before: GPT 1.3B "cost" 15.9 s for a 0.2 s step, the tie-breaker being nearly all of it)
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "report",
+                        "profile_gpu-nvidia-h200-1dev-1x1.json")
+    option = ap.AutoShardingOption(profile=path)
+    with open(path) as f:
+        data = json.load(f)
+    assert data["axes"] == [] and data["cluster"]["num_devices"] == 1
+    opts = option.to_core()
+    assert opts.memory_cost_per_byte == pytest.approx(1e-9 / data["compute"]["memory_bytes_per_s"], rel=1e-9, abs=0)
+    assert opts.compute_cost_per_flop == pytest.approx(1 / data["compute"]["matmul_flops_per_s"]["float32"], rel=1e-9, abs=0)
+    step, params, batch = mlp_step
+    plan = ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 1)),
+                                                        option=option)).plan(params, batch)
+    assert plan.predicted["communication"] == 0
+    # the tie-breaker (peak bytes x memory_cost_per_byte) is a sliver of the objective
+    assert plan.predicted["peak_bytes"] * opts.memory_cost_per_byte < 1e-3 * plan.objective
+    del data["compute"]["memory_bytes_per_s"]  # an older profile without it: the 1.0 fallback stays
+    assert cost_profile.ClusterProfile.from_dict(data).reference_beta == 1.0
 
 
 def test_collectives_over_several_axes_cost_their_measured_group():
