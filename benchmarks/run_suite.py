@@ -90,8 +90,8 @@ def expand_sizes(suite_sizes, requested: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.trace and (args.gpu or args.mpirun):
-        print("--trace reads the thunk events of CPU devices in one process; not with --gpu or --mpirun",
+    if args.trace and args.mpirun:
+        print("--trace reads the devices of one process (CPU thunks or GPU kernels); not with --mpirun",
               file=sys.stderr)
         return 2
     if args.gpu and not _has_gpu():

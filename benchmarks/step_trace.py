@@ -1,14 +1,23 @@
 """Where a step's time goes, measured: a ``jax.profiler`` trace of a few steps, each device's
-thunk time split into collectives, by kind, and the rest ("compute"), per device per step. CPU
-devices only: XLA:CPU names each thunk's trace event after its instruction; how a GPU trace names
-its kernels was not checked, so other platforms are refused rather than summed wrongly.
+time split into collectives, by kind, and the rest ("compute"), per device per step.
+
+- CPU devices: XLA:CPU names each thunk's trace event after its instruction; an event counts when
+  its name is an instruction of the compiled module (``all-reduce.32``, ``fusion.7``), and its
+  kind is that instruction's.
+- GPU devices (checked on one H200, jax 0.11.2: ``step_trace.py --probe``): the kernels run as one
+  CUDA graph whose events all carry ``hlo_op = command_buffer_N``, so an event cannot be traced
+  back to its instruction; every kernel event on a ``/device:GPU:N`` lane counts, NCCL kernels
+  (``ncclDevKernel_AllReduce_...``) as collectives by the kind their name says (NCCL's send/recv
+  kernel carries both all-to-all and collective-permute: "send-recv"), the rest as compute. The
+  NCCL names are NCCL's, not seen here yet (one GPU, no collectives). Time between kernels (the
+  host launching the step) is in neither.
+
+Other platforms are refused rather than summed wrongly.
 
 The planner predicts a plan's compute and communication separately (``plan.predicted``); the
 suite's step times only say whether their sum ranks the plans right. This says which part is
-wrong. An event of the trace counts when its name is an instruction of the compiled module
-(``all-reduce.32``, ``fusion.7``); a collective's time is the time its thunk ran on that device,
-waiting for the other participants included: a collective issued after uneven work absorbs the
-straggler's lead.
+wrong. A collective's time is the time its thunk or kernel ran on that device, waiting for the
+other participants included: a collective issued after uneven work absorbs the straggler's lead.
 
     state, breakdown = step_breakdown(step, state, batch, hlo_text, steps=5)
 """
@@ -63,6 +72,43 @@ def breakdown(events, kinds: dict[str, str], num_devices: int, steps: int) -> di
             "by_kind": by_kind, "events_matched": matched, "steps": steps, "devices": num_devices}
 
 
+_NCCL_KINDS = (("AllReduce", "all-reduce"), ("AllGather", "all-gather"), ("ReduceScatter", "reduce-scatter"),
+               ("AllToAll", "all-to-all"), ("SendRecv", "send-recv"), ("Send", "send-recv"),
+               ("Recv", "send-recv"), ("Broadcast", "broadcast"))
+GPU_KINDS = tuple(dict.fromkeys(k for _, k in _NCCL_KINDS))
+
+
+def nccl_kind(kernel: str) -> str | None:
+    """The collective an NCCL kernel's name says (``ncclDevKernel_AllGather_RING_LL`` -> all-gather),
+    or None for any other kernel."""
+    if not kernel.startswith("nccl"):
+        return None
+    for word, kind in _NCCL_KINDS:
+        if word in kernel:
+            return kind
+    return "other-nccl"
+
+
+def gpu_breakdown(events, num_devices: int, steps: int) -> dict:
+    """:func:`breakdown`'s figures from a GPU trace: the complete events on the ``/device:GPU:N``
+    lanes (processes named so by the trace's metadata), NCCL kernels by :func:`nccl_kind`, every
+    other kernel compute."""
+    gpu_pids = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                and str((e.get("args") or {}).get("name", "")).startswith("/device:GPU")}
+    per_kind = collections.Counter()
+    matched = 0
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") not in gpu_pids:
+            continue
+        per_kind[nccl_kind(e.get("name", "")) or "compute"] += float(e.get("dur", 0.0))
+        matched += 1
+    scale = 1e-3 / (num_devices * steps)
+    by_kind = {k: v * scale for k, v in per_kind.items() if k != "compute" and v}
+    return {"compute_ms": per_kind["compute"] * scale, "collectives_ms": sum(by_kind.values()),
+            "by_kind": by_kind, "events_matched": matched, "steps": steps, "devices": num_devices,
+            "source": "gpu kernels"}
+
+
 def read_trace_events(trace_dir: str) -> list:
     """The events of the newest perfetto trace under ``trace_dir`` (``jax.profiler.trace(...,
     create_perfetto_trace=True)``)."""
@@ -82,9 +128,9 @@ def step_breakdown(step, state, batch, hlo_text: str, steps: int = 5, warmup: in
     import jax
 
     platform = jax.devices()[0].platform
-    if platform != "cpu":  # (see the module doc)
-        raise NotImplementedError(f"step_breakdown reads XLA:CPU thunk events; {platform} traces are not "
-                                  f"supported yet")
+    if platform not in ("cpu", "gpu"):  # (see the module doc)
+        raise NotImplementedError(f"step_breakdown reads XLA:CPU thunk events and GPU kernel events; "
+                                  f"{platform} traces are not supported yet")
     for _ in range(warmup):
         state, loss = step(state, batch)
         jax.block_until_ready((state, loss))
@@ -94,6 +140,8 @@ def step_breakdown(step, state, batch, hlo_text: str, steps: int = 5, warmup: in
                 state, loss = step(state, batch)
                 jax.block_until_ready((state, loss))
         events = read_trace_events(d)
+    if platform == "gpu":
+        return state, gpu_breakdown(events, len(jax.local_devices()), steps)
     return state, breakdown(events, instruction_kinds(hlo_text), len(jax.local_devices()), steps)
 
 
@@ -170,11 +218,14 @@ def probe(out_dir: str, steps: int = 3) -> dict:
 
 
 if __name__ == "__main__":  # python benchmarks/step_trace.py --probe OUTDIR
-    import sys
+    import argparse
 
-    if len(sys.argv) != 3 or sys.argv[1] != "--probe":
-        sys.exit("usage: python benchmarks/step_trace.py --probe OUTDIR")
-    s = probe(sys.argv[2])
+    p = argparse.ArgumentParser(description="Check how this platform's profiler trace names a step's work: "
+                                            "trace the small GPT's auto plan and write HLO, trace and summary")
+    p.add_argument("--probe", required=True, metavar="OUTDIR")
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args()
+    s = probe(args.probe, args.steps)
     for lane, v in sorted(s["lanes"].items(), key=lambda kv: -kv[1]["dur_us"]):
         print(f"{lane}: {v['events']} events, {v['dur_us'] / 1e3:.2f} ms, name=instruction "
               f"{v['name_is_instruction']}, args {v['arg_is_instruction']}")

@@ -1,5 +1,11 @@
 """Where a traced step's time goes (benchmarks/step_trace.py): instructions named in the HLO, trace
-events summed per device per step, and a real profiler trace of a psum step."""
+events summed per device per step, a real profiler trace of a psum step, and a real GPU trace.
+tests/data/gpu_trace_h200_gpt_small.json.gz: 3 steps of the small GPT's auto plan on one H200 (jax
+0.11.2; ``scripts/gpu_check.sh``, step trace-probe)."""
+import gzip
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,3 +100,25 @@ def test_the_report_puts_traced_time_beside_the_prediction():
     assert "| auto | 50.0 | 20.0 | 30.0 | 3.0 | 12.5 | all-reduce 12.5 |" in table
     del r["profile"]  # unit costs: the objective is not in seconds, nothing to put beside
     assert summary.trace_rows(r)[0]["predicted_compute_ms"] is None
+
+
+def test_a_gpu_trace_counts_the_kernels_on_the_device_lanes_and_nccl_by_name():
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "gpu_trace_h200_gpt_small.json.gz")
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    b = trace.gpu_breakdown(events, num_devices=1, steps=3)
+    # every kernel of the CUDA graph: 453 events, 1113.376 us in all on the GPU's compute stream; the
+    # host's python and PjRt events (thousands, hundreds of ms) are not the device's time
+    assert b["events_matched"] == 453
+    assert b["compute_ms"] == pytest.approx(1.113376 / 3, rel=1e-6)
+    assert b["collectives_ms"] == 0 and b["by_kind"] == {}
+    # NCCL's kernels, as a multi-GPU step would show them beside those
+    extra = [{"ph": "X", "pid": 7, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "dur": 300.0},
+             {"ph": "X", "pid": 7, "name": "ncclDevKernel_SendRecv", "dur": 150.0},
+             {"ph": "X", "pid": 8, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "dur": 999.0},  # host pid
+             {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:1"}}]
+    b2 = trace.gpu_breakdown(events + extra, num_devices=2, steps=3)
+    assert b2["by_kind"] == {"all-reduce": pytest.approx(0.3 / 6), "send-recv": pytest.approx(0.15 / 6)}
+    assert b2["compute_ms"] == pytest.approx(1.113376 / 6, rel=1e-6)
+    assert trace.nccl_kind("ncclDevKernel_AllGather_RING_LL") == "all-gather"
+    assert trace.nccl_kind("loop_add_fusion_1") is None
