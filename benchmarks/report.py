@@ -38,6 +38,15 @@ def load(data_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
     return [r for r in results if r not in timed_out and r not in mpi], timed_out, mpi
 
 
+def load_gpu_memory(gpu_dir: str) -> dict | None:
+    """The newest ``gpu_memory_gpu_*.json`` (benchmarks/gpu_memory.py on a GPU) in ``gpu_dir``, or None."""
+    paths = sorted(glob.glob(os.path.join(gpu_dir, "gpu_memory_gpu_*.json")))
+    if not paths:
+        return None
+    with open(paths[-1]) as f:
+        return json.load(f)
+
+
 case_name = report_md.name
 
 
@@ -120,10 +129,11 @@ def main(argv=None) -> int:
         print(f"no case JSONs in {args.dir}/data; run benchmarks/run_suite.py --report-dir {args.dir}", file=sys.stderr)
         return 1
     for r in results:
-        plot_case(r, os.path.join(args.dir, f"{case_name(r)}.png"))
-    plot_planning(results, os.path.join(args.dir, "planning_time.png"))
+        if not r.get("gpu"):  # (GPU cases: a table in the GPU section)
+            plot_case(r, os.path.join(args.dir, f"{case_name(r)}.png"))
+    plot_planning([r for r in results if not r.get("gpu")], os.path.join(args.dir, "planning_time.png"))
     with open(os.path.join(args.dir, "report.md"), "w") as f:
-        f.write(report_md.markdown(results, timed_out, mpi))
+        f.write(report_md.markdown(results, timed_out, mpi, load_gpu_memory(os.path.join(args.dir, "gpu"))))
     print(f"wrote {args.dir}/report.md and {len(results) + 1} plots")
     return 0
 

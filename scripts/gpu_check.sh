@@ -10,12 +10,15 @@
 #   probe/               how the platform's profiler trace names the compiled module's work
 #                        (benchmarks/step_trace.py --probe: summary, HLO, perfetto trace)
 #   suite_gpt_small_*    the GPT suite on the local GPU(s), planned with that profile: auto vs the
-#                        hand-written plans, median step time, TFLOP/s, MFU (run_suite.py --gpu)
+#                        hand-written plans, median step time, kernel time per step (--trace),
+#                        TFLOP/s, MFU (run_suite.py --gpu); copy to benchmarks/report/data/ for the
+#                        report's GPU section (benchmarks/report.py)
 #   gpu_memory_*.json    memory by default (benchmarks/gpu_memory.py): the budget a plan gets from
 #                        the device, predicted vs compiled vs measured peak of GPT 1.3B, and the
 #                        error a GPT too large for the device ends in
 #   suite_gpt_1.3B_*     GPT 1.3B (batch GPU_CHECK_BATCH, default 4): auto vs DP (plain placement)
-#   zoo.md               the plugin model-zoo table (on 8 simulated CPU devices: the same check as CI)
+#   zoo.md               the plugin model-zoo table (on 8 simulated CPU devices: the same check as CI;
+#                        GPU_CHECK_ZOO=0 skips it)
 #   steps.txt            each step's exit status and seconds
 # Without a GPU it still runs (the suites say "skipped: no GPU"), so the CPU path can be tried here.
 # Usage: bash scripts/gpu_check.sh OUTDIR [extra run_suite.py args]
@@ -49,17 +52,16 @@ step() {
   return 0
 }
 
-install() {
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+# (timeout runs programs, not shell functions: the install is a bash -c of its own)
+INSTALL='if ls .whl/*.whl >/dev/null 2>&1; then
+    "$0" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   fi
-  "$PY" -m pip install -q --no-build-isolation --no-deps . || return 1
-}
+  "$0" -m pip install -q --no-build-isolation --no-deps .'
 if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ "${ALPA_PASS_GPU_CHECK_NO_INSTALL:-0}" != "1" ]; then
-  step install 300 install
+  step install 300 bash -c "$INSTALL" "$PY"
 fi
 
 step device 60 "$PY" - "$OUT" <<'PYEOF'
@@ -84,13 +86,15 @@ if [ "$GPU" = 1 ]; then
   [ -f "$OUT/profile_gpu.json" ] && PROFILE=(--profile "$OUT/profile_gpu.json")
   step trace-probe 120 "$PY" benchmarks/step_trace.py --probe "$OUT/probe"
 fi
-step gpt-small 200 "$PY" benchmarks/run_suite.py gpt --gpu "${PROFILE[@]}" --out "$OUT" "$@"
+TRACE=()
+[ "$GPU" = 1 ] && TRACE=(--trace --repeats 15)  # (GPU kernel time per step; CPU traces are the suites' own)
+step gpt-small 200 "$PY" benchmarks/run_suite.py gpt --gpu "${PROFILE[@]}" "${TRACE[@]}" --out "$OUT" "$@"
 if [ "$GPU" = 1 ]; then
   step gpu-memory 240 "$PY" benchmarks/gpu_memory.py --size 1.3B --batch "$BATCH" --out "$OUT"
   step gpt-1.3B 300 "$PY" benchmarks/run_suite.py gpt --gpu --size 1.3B --batch "$BATCH" --methods dp \
-    "${PROFILE[@]}" --out "$OUT" "$@"
+    "${PROFILE[@]}" "${TRACE[@]}" --out "$OUT" "$@"
 fi
-step zoo 300 sh -c "\"$PY\" benchmarks/zoo_table.py > \"$OUT/zoo.md\""
-[ -f "$OUT/zoo.md" ] && cat "$OUT/zoo.md"
+[ "${GPU_CHECK_ZOO:-1}" = 1 ] && step zoo 300 sh -c "\"$PY\" benchmarks/zoo_table.py > \"$OUT/zoo.md\""
+if [ -f "$OUT/zoo.md" ]; then cat "$OUT/zoo.md"; fi
 echo "gpu_check: figures in $OUT ($(( $(date +%s) - START ))s)"
 cat "$OUT/steps.txt"

@@ -86,3 +86,30 @@ def test_interleaved_timing_runs_rounds_and_pairs_each_round_with_the_first_meth
     assert [out[n]["min_s"] for n in ("auto", "dp")] == [3.0, 6.0]  # rounds 2..4 (round 1 warms up)
     assert out["auto"]["median_s"] == 4.0 and out["dp"]["median_s"] == 8.0
     assert out["dp"]["vs_first"] == 2.0 and out["auto"]["vs_first"] == 1.0 and out["dp"]["repeats"] == 3
+
+
+def test_gpu_cases_get_the_gpu_section_with_kernel_time_mfu_and_the_memory_check():
+    import json
+    import os
+
+    from benchmarks import report, report_md
+
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "report")
+    results, _, _ = report.load(os.path.join(here, "data"))
+    memory = report.load_gpu_memory(os.path.join(here, "gpu"))
+    gpu = [r for r in results if r.get("gpu")]
+    assert {r["size"] for r in gpu} == {"small", "1.3B"} and memory["platform"] == "gpu"
+    text = report_md.markdown(results, [], [], memory)
+    section = text[text.index("## GPU"):]
+    big = next(r for r in gpu if r["size"] == "1.3B")
+    auto = big["methods"]["auto"]
+    row = (f"| auto | {auto['timing']['median_s'] * 1e3:.2f} | {auto['trace']['compute_ms']:.2f} | "
+           f"{big['gpu']['methods']['auto']['samples_per_s']:.1f} | ")
+    assert row in section and f"{100 * big['gpu']['methods']['auto']['mfu']:.1f}%" in section
+    assert f"| measured peak (memory_stats peak_bytes_in_use after 3 steps) | " \
+           f"{memory['fits']['measured']['peak_bytes_in_use'] / 2**30:.2f} |" in section
+    assert "InfeasibleError" in section and "smallest budget the planner estimates feasible" in section
+    # one GPU's cases stay out of the CPU suites' tables, rankings and plots
+    before = text[:text.index("## GPU")]
+    assert "1 x NVIDIA H200" not in before and "gpu-nvidia-h200" not in before
+    assert json.loads(json.dumps(memory))["fits"]["memory_budget"]["source"] == "device"

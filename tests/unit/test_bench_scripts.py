@@ -77,3 +77,20 @@ def test_every_benchmark_script_runs_from_a_fresh_clone(tmp_path):
     assert len(written) == 1
     stage_dp = json.loads(written[0].read_text())["stage_dp"]
     assert stage_dp["layers"] == 48 and stage_dp["devices"] == 64 and stage_dp["num_stages"] >= 1
+
+
+def test_the_gpu_check_runs_its_cpu_path_and_says_what_each_step_did(tmp_path):
+    # scripts/gpu_check.sh is run on a lent GPU machine at most once a session: its CPU path is
+    # checked here (no install, no zoo table), so a broken step shows before device time is spent
+    out = tmp_path / "gc"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS"))}
+    env.update(ALPA_PASS_GPU_CHECK_NO_INSTALL="1", GPU_CHECK_ZOO="0", JAX_PLATFORMS="cpu", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    device = json.loads((out / "device.json").read_text())
+    assert device["platform"] == "cpu" and device["devices"] >= 1 and "jax" in device
+    steps = [line.split() for line in (out / "steps.txt").read_text().splitlines()]
+    assert [s[0] for s in steps] == ["device", "gpt-small"]  # no GPU: no profile, probe or large cases
+    assert all(s[1] == "rc=0" for s in steps)
+    assert "skipped: no GPU" in proc.stdout
