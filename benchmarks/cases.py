@@ -31,6 +31,13 @@ def model_inputs(suite: str, config, abstract: bool):
     return mod.make_loss_fn(config), optimizer, make_state(), make_batch()
 
 
+def auto_step(fn, mesh: ap.LogicalMesh, option: ap.AutoShardingOption | None = None):
+    """``fn`` (``state, batch -> state, loss``) parallelized by alpa_pass's planner on ``mesh``, the
+    state donated: the "auto" method of every case (in-process, mpirun, GPU checks)."""
+    method = ap.ShardParallel(mesh=mesh) if option is None else ap.ShardParallel(mesh=mesh, option=option)
+    return ap.parallelize(fn, method=method, donate_argnums=(0,))
+
+
 def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardingOption,
              methods=None, run: bool = True, repeats: int = 9, unmerged: bool = True,
              interleave: bool = True, trace: bool = False) -> dict:
@@ -50,7 +57,7 @@ def run_case(suite: str, size: str, mesh: ap.LogicalMesh, option: ap.AutoShardin
               "mesh": {"shape": list(mesh.shape), "alpha": list(mesh.alpha), "beta": list(mesh.beta)},
               "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}", "ran": run,
               "jax": jax.__version__}
-    step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
+    step = auto_step(fn, mesh, option)
     _progress(f"auto: plan + compile ({result['params'] / 1e6:.0f}M params, mesh {mesh.shape})")
     t = time.perf_counter()
     exe = step.get_executable(state, batch)

@@ -43,10 +43,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _option(budget_gib):
-    import alpa_pass as ap
+def _gpt_step(config, abstract: bool, budget_gib):
+    """(the auto-planned GPT train step on all local devices as 1xN, state, batch, parameter count)
+    under the default option or ``budget_gib``; ShapeDtypeStructs when ``abstract``."""
+    import jax
 
-    return ap.AutoShardingOption(memory_budget_per_device=None if budget_gib is None else int(budget_gib * 2**30))
+    import alpa_pass as ap
+    from benchmarks import cases
+
+    loss_fn, optimizer, state, data = cases.model_inputs("gpt", config, abstract=abstract)
+    option = ap.AutoShardingOption(memory_budget_per_device=None if budget_gib is None else int(budget_gib * 2**30))
+    step = cases.auto_step(cases.train_step_for(loss_fn, optimizer), ap.LogicalMesh(shape=(1, len(jax.devices()))),
+                           option)
+    return step, state, data, sum(math.prod(x.shape) for x in jax.tree.leaves(state[0]))
 
 
 def fits_case(size: str, batch: int, steps: int, budget_gib) -> dict:
@@ -54,21 +63,14 @@ def fits_case(size: str, batch: int, steps: int, budget_gib) -> dict:
 
     import jax
 
-    import alpa_pass as ap
     from alpa_pass.plan.plan import budget_line
-    from benchmarks import cases, measure
+    from benchmarks import measure
     from benchmarks.models import gpt_sizes
 
-    config = dataclasses.replace(gpt_sizes.SIZES[size], batch=batch)
-    gpt_sizes.SIZES[size] = config
-    loss_fn, optimizer, state, data = cases.model_inputs("gpt", config, abstract=False)
-    step = ap.parallelize(cases.train_step_for(loss_fn, optimizer),
-                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, len(jax.devices()))),
-                                                  option=_option(budget_gib)),
-                          donate_argnums=(0,))
+    step, state, data, params = _gpt_step(dataclasses.replace(gpt_sizes.SIZES[size], batch=batch), False, budget_gib)
     t = time.perf_counter()
     exe = step.get_executable(state, data)
-    out = {"size": size, "batch": batch, "params": sum(math.prod(x.shape) for x in jax.tree.leaves(state[0])),
+    out = {"size": size, "batch": batch, "params": params,
            "plan_and_compile_s": time.perf_counter() - t, "memory_budget": dict(exe.plan.memory_budget),
            "budget_line": budget_line(exe.plan.memory_budget),
            "predicted_peak_bytes": exe.plan.predicted_peak_bytes,
@@ -86,20 +88,11 @@ def fits_case(size: str, batch: int, steps: int, budget_gib) -> dict:
 
 
 def too_big_case(size: str, budget_gib) -> dict:
-    import jax
-
-    import alpa_pass as ap
     from alpa_pass.errors import InfeasibleError
-    from benchmarks import cases
     from benchmarks.models import gpt_sizes
 
-    config = gpt_sizes.SIZES[size]
-    loss_fn, optimizer, state, data = cases.model_inputs("gpt", config, abstract=True)
-    step = ap.parallelize(cases.train_step_for(loss_fn, optimizer),
-                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, len(jax.devices()))),
-                                                  option=_option(budget_gib)),
-                          donate_argnums=(0,))
-    out = {"size": size, "params": sum(math.prod(x.shape) for x in jax.tree.leaves(state[0]))}
+    step, state, data, params = _gpt_step(gpt_sizes.SIZES[size], True, budget_gib)
+    out = {"size": size, "params": params}
     t = time.perf_counter()
     try:
         plan = step.get_executable(state, data).plan  # (compiled too when it fits)

@@ -54,7 +54,7 @@ def run(suite: str, size: str, shape: tuple[int, ...], repeats: int, methods: li
     result["reference_loss"] = float(jax.jit(fn)(jax.device_put(measure.fresh_copy(state), first),
                                                  jax.device_put(batch, first))[1])
     option = ap.AutoShardingOption(profile=profile)  # (profile None: unit costs)
-    step = ap.parallelize(fn, method=ap.ShardParallel(mesh=mesh, option=option), donate_argnums=(0,))
+    step = cases.auto_step(fn, mesh, option)
     t = time.perf_counter()
     exe = step.get_executable(state, batch)
     result["digests"] = gather_digests(plan_digest(exe.plan))

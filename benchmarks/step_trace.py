@@ -192,9 +192,7 @@ def probe(out_dir: str, steps: int = 3) -> dict:
 
     config = cases.SUITES["gpt"].SIZES["small"]
     loss_fn, optimizer, state, batch = cases.model_inputs("gpt", config, abstract=False)
-    step = ap.parallelize(cases.train_step_for(loss_fn, optimizer),
-                          method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, len(jax.devices())))),
-                          donate_argnums=(0,))
+    step = cases.auto_step(cases.train_step_for(loss_fn, optimizer), ap.LogicalMesh(shape=(1, len(jax.devices()))))
     hlo = step.get_executable(state, batch).hlo_text()
     state, loss = step(state, batch)
     jax.block_until_ready((state, loss))
