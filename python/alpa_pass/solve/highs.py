@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import math
 import os
 import sys
 import tempfile
@@ -16,6 +18,8 @@ import scipy.sparse
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve import eliminate
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +109,9 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         fd, log_path = tempfile.mkstemp(prefix="alpa_pass_highs_", suffix=".log")
         os.close(fd)
         h.setOptionValue("log_file", log_path)
+    full, scale = _prepared(problem, np.unique(np.asarray([] if drop_rows is None else drop_rows, dtype=np.int64)))
     if options.objective_bound is not None:
-        h.setOptionValue("objective_bound", float(options.objective_bound))
-    full = _prepared(problem, np.unique(np.asarray([] if drop_rows is None else drop_rows, dtype=np.int64)))
+        h.setOptionValue("objective_bound", float(options.objective_bound) * scale)
     reduced = eliminate.reduce(full) if options.eliminate_chains else None
     model = full if reduced is None else reduced.model
     _pass_model(h, model, highspy)
@@ -212,12 +216,16 @@ def _support_plan(model, options: SolveOptions):
         found = np.flatnonzero((over > 1e-9 * np.abs(bound_of) + 1e-6) & ~active)
         return found[np.argsort(-over[found], kind="stable")[:SUPPORT_ROWS_PER_ROUND]]
 
+    t_lp = time.perf_counter()
     lp = _highs(options, presolve=False)
     lp.setOptionValue("solve_relaxation", True)
     _pass_model(lp, _with_rows(model, rows, base), highspy)
     while True:
         _run(lp, highspy)
         if lp.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            log.warning("alpa_pass: the LP relaxation of a budgeted solve stopped with status %s after %.1f s "
+                        "(%d memory rows added): solving the full ILP instead, which can take far longer",
+                        lp.modelStatusToString(lp.getModelStatus()), time.perf_counter() - t_lp, int(active.sum()))
             return None
         x_lp = np.asarray(lp.getSolution().col_value, dtype=np.float64)
         add = broken(x_lp)
@@ -262,12 +270,18 @@ def _support_plan(model, options: SolveOptions):
     gs = np.asarray(model.group_var_start, dtype=np.int64)
     lp_groups = x_lp[gs[0]:gs[-1]]
     target = 0.0 if options.support_gap is None else options.support_gap
+    t = time.perf_counter()
     x = restricted(lp_groups > 1e-6)
+    log.info("alpa_pass: LP-support plan: LP bound %.6g after %.1f s; restricted MIP %s in %.1f s",
+             bound, t - t_lp, "none" if x is None else f"gap {gap(x):.3g}", time.perf_counter() - t)
     if x is None or gap(x) > target:
         # RENS: the groups the LP sets integrally keep that strategy, the others get all of theirs
+        t = time.perf_counter()
         sizes = np.diff(gs)
         whole = np.repeat(np.maximum.reduceat(lp_groups, gs[:-1] - gs[0]) >= 1 - 1e-6, sizes)
         rens = restricted(~whole | (lp_groups >= 1 - 1e-6), None if x is None else _groups_of(model, x), target)
+        log.info("alpa_pass: LP-support plan: RENS %s in %.1f s", "none" if rens is None else f"gap {gap(rens):.3g}",
+                 time.perf_counter() - t)
         if rens is not None and (x is None or gap(rens) < gap(x)):
             x = rens
     return None if x is None else (x, bound, gap(x))
@@ -320,19 +334,32 @@ SUPPORT_STATUS = "LP-support plan"
 # a 4-byte scalar in a 1 TB row is still 4e-6 at this scale.
 ROW_SCALE_TARGET = 1e3
 
+# Costs are scaled (by a power of two: exact) so the largest is at most this before HiGHS sees
+# them. Unscaled, the GPT-39B step's costs (8x8, 80 GiB) span 8e-6..1.2e12; HiGHS warned of a
+# badly scaled objective and, in the first reshard-copy round, its dual simplex stopped with
+# status Unknown (dual infeasibilities it could not remove) two rows into the LP-support LP, so
+# the full MIP ran instead (still at its root node after 16 minutes). Scaled, the LPs reach their
+# optima (bench_planning.py --budget 80 on that step: solve 47.8 s).
+COST_SCALE_TARGET = 1e3
 
-def _prepared(problem, rows):
-    """The model HiGHS gets: ``problem`` without ``rows``, its large-bound rows scaled to
-    ``ROW_SCALE_TARGET`` (``problem`` itself when neither applies)."""
+
+def _prepared(problem, rows) -> tuple:
+    """(the model HiGHS gets, its objective's scale): ``problem`` without ``rows``, its large-bound
+    rows scaled to ``ROW_SCALE_TARGET`` and its costs by the power of two that brings the largest to
+    at most ``COST_SCALE_TARGET`` (``problem`` itself and 1.0 when none applies). HiGHS's objective
+    values (bounds, targets) are in the model's units: ``scale`` times the problem's."""
     bound = np.maximum(_finite_abs(problem.row_lower), _finite_abs(problem.row_upper))
-    if not rows.size and not (bound > ROW_SCALE_TARGET).any():
-        return problem
+    largest_cost = float(_finite_abs(problem.col_cost).max(initial=0.0))
+    scale = 2.0 ** -math.ceil(math.log2(largest_cost / COST_SCALE_TARGET)) if largest_cost > COST_SCALE_TARGET else 1.0
+    if not rows.size and not (bound > ROW_SCALE_TARGET).any() and scale == 1.0:
+        return problem, scale
     model = without_rows(problem, rows)
     bound = np.maximum(_finite_abs(model.row_lower), _finite_abs(model.row_upper))
-    scale = np.where(bound > ROW_SCALE_TARGET, ROW_SCALE_TARGET / np.maximum(bound, 1.0), 1.0)
-    model.a_value = model.a_value * scale[model.a_index]
-    model.row_lower, model.row_upper = model.row_lower * scale, model.row_upper * scale
-    return model
+    row_scale = np.where(bound > ROW_SCALE_TARGET, ROW_SCALE_TARGET / np.maximum(bound, 1.0), 1.0)
+    model.a_value = model.a_value * row_scale[model.a_index]
+    model.row_lower, model.row_upper = model.row_lower * row_scale, model.row_upper * row_scale
+    model.col_cost, model.offset = np.asarray(model.col_cost, dtype=np.float64) * scale, model.offset * scale
+    return model, scale
 
 
 def _finite_abs(values) -> np.ndarray:
