@@ -13,7 +13,7 @@ import pytest
 
 import alpa_pass as ap
 from alpa_pass import _core
-from alpa_pass.errors import OptionError
+from alpa_pass.errors import OptionError, SolverError
 from alpa_pass.solve import highs
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
@@ -61,11 +61,12 @@ def test_limit_options_are_validated(field, value):
         ap.AutoShardingOption(**{field: value})
 
 
-def _budgeted_frustrated_ilp(upper: float, seed: int = 0):
-    """``_frustrated_ilp`` plus one budget row (a random size per strategy, sum <= ``upper``)."""
+def _budgeted_frustrated_ilp(upper: float, seed: int = 0, cost_scale: float = 1.0):
+    """``_frustrated_ilp`` plus one budget row (a random size per strategy, sum <= ``upper``), its
+    costs times ``cost_scale``."""
     rng = np.random.default_rng(seed)
-    groups = [rng.uniform(0, 1, 3) for _ in range(8)]
-    edges = [(u, v, rng.uniform(0, 10, (3, 3))) for u, v in itertools.combinations(range(8), 2)]
+    groups = [cost_scale * rng.uniform(0, 1, 3) for _ in range(8)]
+    edges = [(u, v, cost_scale * rng.uniform(0, 10, (3, 3))) for u, v in itertools.combinations(range(8), 2)]
     sizes = rng.uniform(1, 4, (8, 3))
     row = (np.repeat(np.arange(8), 3), np.tile(np.arange(3), 8), sizes.ravel(), -np.inf, upper)
     return _core.build_ilp(groups, edges, rows=[row]), sizes
@@ -148,3 +149,27 @@ def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far()
     assert sizes[np.arange(8), kept.assignment].sum() <= 18.0 + 1e-9
     assert kept.objective < on_support - 1e-6 and kept.objective == pytest.approx(best, rel=1e-9)
     assert kept.mip_gap == pytest.approx((kept.objective - bound) / kept.objective, rel=1e-6)
+
+
+def test_large_costs_are_scaled_for_highs_and_plans_do_not_change():
+    """Costs of a large model reach 1e12 (bytes times beta): HiGHS gets them scaled by a power of
+    two (the largest at most ``COST_SCALE_TARGET``; unscaled, its dual simplex stopped with status
+    Unknown on GPT-39B's budgeted LP). The plans, objectives, LP-support gaps and an
+    ``objective_bound`` cutoff are those of the same ILP at unit scale."""
+    small, sizes = _budgeted_frustrated_ilp(upper=16.9)
+    large, _ = _budgeted_frustrated_ilp(upper=16.9, cost_scale=3e11)
+    model, scale = highs._prepared(large, np.zeros(0, dtype=np.int64))
+    costs = np.abs(np.asarray(model.col_cost))
+    assert np.log2(scale) == int(np.log2(scale)) < 0
+    assert highs.COST_SCALE_TARGET / 2 < costs.max() <= highs.COST_SCALE_TARGET
+    assert highs._prepared(small, np.zeros(0, dtype=np.int64))[1] == 1.0  # (its row bound is 16.9 too)
+    for options in (SolveOptions(rel_gap=0.0, eliminate_chains=True),
+                    SolveOptions(support_gap=0.5, eliminate_chains=True)):
+        a, b = solve_ilp(small, options), solve_ilp(large, options)
+        assert b.status == a.status and np.array_equal(b.assignment, a.assignment)
+        assert b.objective == pytest.approx(3e11 * a.objective, rel=1e-9)
+        assert b.mip_gap == pytest.approx(a.mip_gap, rel=1e-6, abs=1e-9)
+    best = solve_ilp(large, SolveOptions(rel_gap=0.0)).objective
+    with pytest.raises(SolverError, match="cannot beat"):
+        solve_ilp(large, SolveOptions(objective_bound=best * 0.999))
+    assert solve_ilp(large, SolveOptions(objective_bound=best * 1.001)).objective == pytest.approx(best, rel=1e-9)
