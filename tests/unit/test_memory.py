@@ -512,3 +512,63 @@ def test_a_copy_two_plans_range_differently_is_counted_once_over_both_ranges():
     assert copies.add(Plans(), [1]) == "rebuilt"
     assert built[-1] == [(9, 1, [0, -1], 3, 9), (9, 1, [-1, 0], 3, 9), (7, 0, [-1, -1], 7, 7)]
     assert len(copies) == 3
+
+
+def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fits_and_is_cheaper(monkeypatch):
+    """``driver.budget.finish_draft``: the budgeted rounds solve LP-support drafts (no RENS); the
+    plan that fits with its reshard copies is finished (solved again with its copies counted)
+    only when it is over ``support_gap``, and the finished plan replaces it only when cheaper and
+    within the budget with its own copies (LLaMA-8B 8x8 at 35 GiB: the finished plan 3.744e10 vs
+    the draft's 3.833e10, but 35.0x GiB with its copies: the draft stayed)."""
+    import types
+
+    from alpa_pass.driver import budget as b
+    from alpa_pass.solve.highs import SUPPORT_STATUS
+
+    def sol(objective, gap, status=SUPPORT_STATUS, assignment=(0, 1)):
+        return types.SimpleNamespace(objective=objective, mip_gap=gap, status=status, assignment=np.array(assignment))
+
+    class Copies:
+        def __init__(self, peaks):
+            self.peaks, self.added = peaks, []
+
+        def add(self, problem, assignment, row_budget=None):
+            self.added.append((tuple(assignment), row_budget))
+            return types.SimpleNamespace(memory_row_upper=problem.memory_row_upper, counted=True)
+
+        def seen(self, problem, assignment):
+            return self.peaks[tuple(assignment)]
+
+    problem = types.SimpleNamespace(memory_row_upper=100.0)
+    options = SolveOptions(support_gap=0.1)
+    solves = []
+    finished = sol(90.0, 0.05, assignment=(1, 1))
+    monkeypatch.setattr(b, "solve_within_budget", lambda p, budget, o, where, hint=None: solves.append(
+        (budget, o.support_draft, tuple(hint))) or finished)
+    draft = sol(100.0, 0.13)
+    # within the gap, or not an LP-support plan, or no budget: kept as is, nothing solved
+    for s, budget in ((sol(100.0, 0.05), 100), (sol(100.0, 0.3, status="Optimal"), 100), (draft, None)):
+        assert b.finish_draft(Copies({}), problem, s, budget, options, "2x2") == (problem, s)
+    assert solves == []
+    # finished, cheaper and fits with its copies: kept, with the problem that counts the draft's copies
+    copies = Copies({(1, 1): 99.0})
+    p, s = b.finish_draft(copies, problem, draft, 100, options, "2x2")
+    assert s is finished and p.counted and copies.added == [((0, 1), None)]
+    assert solves == [(100, False, (0, 1))]  # the full options (no draft), hinted by the draft
+    # over the budget with its own copies (or dearer): the draft stays
+    assert b.finish_draft(Copies({(1, 1): 100.5}), problem, draft, 100, options, "2x2") == (problem, draft)
+    finished = sol(120.0, 0.05, assignment=(1, 1))
+    assert b.finish_draft(Copies({(1, 1): 50.0}), problem, draft, 100, options, "2x2") == (problem, draft)
+    # rows tightened below the budget by the copy rounds: the finish solves at the rows' bound
+    solves.clear()
+    b.finish_draft(Copies({(1, 1): 50.0}), types.SimpleNamespace(memory_row_upper=80.0), draft, 100, options, "2x2")
+    assert solves[0][0] == 80
+
+
+def test_budgeted_rounds_are_drafts_only_under_a_budget_with_a_support_gap():
+    import alpa_pass as ap
+    from alpa_pass.driver.budget import draft_options
+
+    assert draft_options(ap.AutoShardingOption(memory_budget_per_device=2**30)).support_draft
+    assert not draft_options(ap.AutoShardingOption()).support_draft
+    assert not draft_options(ap.AutoShardingOption(memory_budget_per_device=2**30, solver_support_gap=None)).support_draft

@@ -173,3 +173,27 @@ def test_large_costs_are_scaled_for_highs_and_plans_do_not_change():
     with pytest.raises(SolverError, match="cannot beat"):
         solve_ilp(large, SolveOptions(objective_bound=best * 0.999))
     assert solve_ilp(large, SolveOptions(objective_bound=best * 1.001)).objective == pytest.approx(best, rel=1e-9)
+
+
+def test_a_support_draft_stops_at_the_plan_on_the_lp_support():
+    """``SolveOptions.support_draft``: the budgeted rounds whose plans the next round replaces
+    (``driver.budget.draft_options``) keep the restricted MIP's plan whatever its gap: no RENS and
+    no full MIP. The same ILP as above: the draft is the best plan on the LP's support (brute
+    force), feasible, with its true gap (over ``support_gap``) reported, never called optimal."""
+    ilp, sizes = _budgeted_frustrated_ilp(upper=18.0, seed=3)
+    model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
+    lp = highs._highs(SolveOptions(), presolve=False)
+    lp.setOptionValue("solve_relaxation", True)
+    highs._pass_model(lp, model, highs.highspy)
+    lp.run()
+    x_lp, starts = np.asarray(lp.getSolution().col_value), np.asarray(ilp.group_var_start)
+    support = [[s for s in range(3) if x_lp[starts[g] + s] > 1e-6] for g in range(8)]
+    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
+    feasible = [a for a in plans if sizes[np.arange(8), a].sum() <= 18.0]
+    on_support = min(_core.evaluate(ilp, a).objective for a in feasible if all(a[g] in support[g] for g in range(8)))
+    draft = solve_ilp(ilp, SolveOptions(support_gap=0.12, support_draft=True, eliminate_chains=True))
+    assert draft.status == highs.SUPPORT_STATUS and not draft.optimal
+    assert draft.objective == pytest.approx(on_support, rel=1e-9) and draft.mip_gap > 0.12
+    assert sizes[np.arange(8), draft.assignment].sum() <= 18.0 + 1e-9
+    finished = solve_ilp(ilp, SolveOptions(support_gap=0.12, eliminate_chains=True))
+    assert finished.objective < draft.objective - 1e-6  # what finishing it buys (finish_draft)

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import (ReshardCopies, fit_reshard_copies, infeasible_error, memory_lower_bound,
-                                     resolve_budget, solve_within_budget)
+from alpa_pass.driver.budget import (ReshardCopies, draft_options, finish_draft, fit_reshard_copies,
+                                     infeasible_error, memory_lower_bound, resolve_budget, solve_within_budget)
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -161,9 +161,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
     t = time.perf_counter()
+    rounds = draft_options(option)  # (intermediate plans of the reshard-copy rounds: see finish_draft)
     try:
-        solution = solve_within_budget(problem, option.memory_budget_per_device, option.solve_options(), where,
-                                       copies=copies)
+        solution = solve_within_budget(problem, option.memory_budget_per_device, rounds, where, copies=copies)
         problem = copies.problem or problem  # the free plan's copies may be counted now
     except InfeasibleError as e:
         loop_ties = set(map(tuple, graph.ties)) & set(map(tuple, ties))
@@ -182,8 +182,9 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                  where, _restriction(option))
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
                               tied_infeasible or e)
-    problem, solution = fit_reshard_copies(copies, problem, solution, option.memory_budget_per_device,
-                                           option.solve_options(), where)
+    problem, solution = fit_reshard_copies(copies, problem, solution, option.memory_budget_per_device, rounds, where)
+    problem, solution = finish_draft(copies, problem, solution, option.memory_budget_per_device,
+                                     option.solve_options(), where)
     timings["solve"] = time.perf_counter() - t  # every budgeted round and its rebuilds
     _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes, where)

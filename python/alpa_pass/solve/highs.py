@@ -57,7 +57,11 @@ class SolveOptions:
     the full MIP hard where the budget binds: GPT-39B 8x8 at 80 GiB, 1351 memory rows, had no
     plan after 150 s and 4.56e11 after 240 s (bound 4.27e11); the LP (5 s, memory rows added as
     broken, ``SUPPORT_ROWS_PER_ROUND``) and the restricted MIP (4.6 s) give 4.553e11, 6.7% above
-    the LP bound)."""
+    the LP bound),
+    support_draft (with support_gap: stop after the restricted MIP and return its plan whatever
+    its gap: no RENS, no full MIP. For the intermediate plans of a budgeted solve whose reshard
+    copies are still being counted (``driver.budget.fit_reshard_copies``): such a plan is replaced
+    by the next round's, so only the last one is finished to ``support_gap``)."""
 
     time_limit_s: float | None = None
     rel_gap: float = 1e-4
@@ -72,6 +76,7 @@ class SolveOptions:
     presolve: bool = False
     feasibility_jump: bool = False
     support_gap: float | None = None
+    support_draft: bool = False
 
 
 @dataclasses.dataclass
@@ -121,7 +126,7 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         _set_start(h, model, start if reduced is None else reduced.start(start), highspy)
     elif options.support_gap is not None and options.objective_bound is None and _has_one_sided_rows(model):
         support = _support_plan(model, options)
-        if support is not None and support[2] <= options.support_gap:
+        if support is not None and (support[2] <= options.support_gap or options.support_draft):
             x, bound, gap = support
             return _solution(problem, reduced, model, x, SUPPORT_STATUS, gap <= options.rel_gap, gap,
                              time.perf_counter() - t0, _read_and_remove(log_path))
@@ -274,7 +279,7 @@ def _support_plan(model, options: SolveOptions):
     x = restricted(lp_groups > 1e-6)
     log.info("alpa_pass: LP-support plan: LP bound %.6g after %.1f s; restricted MIP %s in %.1f s",
              bound, t - t_lp, "none" if x is None else f"gap {gap(x):.3g}", time.perf_counter() - t)
-    if x is None or gap(x) > target:
+    if (x is None or gap(x) > target) and not (options.support_draft and x is not None):
         # RENS: the groups the LP sets integrally keep that strategy, the others get all of theirs
         t = time.perf_counter()
         sizes = np.diff(gs)
