@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import planner_log, simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -77,10 +77,7 @@ def main(argv=None) -> int:
     mesh_shape = tuple(int(s) for s in args.mesh.split("x"))
     simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
     if args.log:
-        import logging
-
-        logging.basicConfig(format="%(asctime)s %(message)s")
-        logging.getLogger("alpa_pass").setLevel(logging.INFO)
+        planner_log()
     import jax
 
     from zoo import gpt

@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import planner_log, simulate_cpu_devices  # noqa: E402
 ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
 SMALL_SUITE = (("mlp3", "2x4"), ("mlp3", "2x2x2"), ("gpt2", "2x4"), ("gpt2", "2x2x2"))
 
@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=None,
                    help="memory_budget_per_device in GiB (default: none); e.g. 80 for an 80 GiB GPU")
     p.add_argument("--json", default=None, help="write the result to this file (single case)")
+    p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
 
@@ -325,6 +326,8 @@ def run_small(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.log:
+        planner_log()
     if args.suite == "small":
         return run_small(args)
     return run_suite(args) if args.suite else run_single(args)

@@ -1,6 +1,8 @@
-"""Simulated CPU devices for the benchmark scripts (standard library only: used before jax loads)."""
+"""Set-up the benchmark scripts do before jax loads (standard library only): simulated CPU
+devices, the planner's log."""
 from __future__ import annotations
 
+import logging
 import os
 
 
@@ -18,3 +20,9 @@ def simulate_cpu_devices(num_devices: int, memory_scheduler: bool = False) -> No
         flags.append(MEMORY_SCHEDULER_FLAG)
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def planner_log() -> None:
+    """Print the planner's INFO log (row rounds, LP-support bounds and times) with timestamps."""
+    logging.basicConfig(format="%(asctime)s %(message)s")
+    logging.getLogger("alpa_pass").setLevel(logging.INFO)
