@@ -12,6 +12,7 @@ copies it where ``benchmarks/report.py`` reads it).
     python benchmarks/run_suite.py moe --size large         # every Alpa size, 10 min each at most
     python benchmarks/run_suite.py gpt --mpirun 2           # 2 processes x 4 CPU devices, auto vs dp
     python benchmarks/run_suite.py gpt --gpu                # all local GPUs; "skipped: no GPU" otherwise
+    python benchmarks/run_suite.py gpt --size 39B --budget 80   # auto planned under 80 GiB per device
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def parse_args(argv=None):
     p.add_argument("--gpu", action="store_true", help="run on the local GPUs (throughput, TFLOP/s, MFU)")
     p.add_argument("--mpirun", type=int, default=None, metavar="NP",
                    help="run the case on NP processes under mpirun (CPU: 8/NP simulated devices each)")
+    p.add_argument("--budget", type=float, default=None, metavar="GIB",
+                   help="auto's memory_budget_per_device in GiB (e.g. 80 for an 80 GiB GPU); the case gets its "
+                        "own JSON (_budgetGIB) and, on CPU, XLA's memory-minimising scheduler")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--report-dir", default=None, help="also copy the JSON to DIR/data/ for report.py")
     return p.parse_args(argv)
@@ -67,13 +71,21 @@ def mesh_shape(args) -> tuple[int, ...]:
     return tuple(int(s) for s in (args.mesh or ("8x8" if large else "2x4")).split("x"))
 
 
-def _setup(shape, gpu: bool) -> None:
-    """Simulate the mesh's devices on CPU (must run before jax is imported) unless ``gpu``."""
-    if not gpu:
-        flag = f"--xla_force_host_platform_device_count={math.prod(shape)}"
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-        os.environ["JAX_PLATFORMS"] = "cpu"
+def _setup(shape, gpu: bool, budgeted: bool = False) -> None:
+    """Simulate the mesh's devices on CPU (must run before jax is imported) unless ``gpu``; a
+    ``budgeted`` case compiles with XLA's memory-minimising scheduler (the schedule the planner's
+    memory model assumes: devices.MEMORY_SCHEDULER_FLAG)."""
     sys.path.insert(0, ROOT)  # benchmarks.*, zoo
+    if not gpu:
+        from benchmarks.devices import simulate_cpu_devices
+
+        simulate_cpu_devices(math.prod(shape), memory_scheduler=budgeted)
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def _tag(args) -> str:
+    """The case-file tag of a budgeted run (``_budget80``)."""
+    return "" if args.budget is None else f"_budget{args.budget:g}"
 
 
 def expand_sizes(suite_sizes, requested: str) -> list[str]:
@@ -97,7 +109,13 @@ def main(argv=None) -> int:
     if args.gpu and not _has_gpu():
         print("skipped: no GPU")
         return 0
+    if args.budget is not None and not args.budget > 0:
+        print(f"--budget must be > 0 GiB, got {args.budget:g}", file=sys.stderr)
+        return 2
     if args.mpirun:
+        if args.budget is not None:
+            print("--budget is for one-process cases (the mpirun case plans the small size)", file=sys.stderr)
+            return 2
         return run_mpi(args)
     sys.path.insert(0, ROOT)
     import importlib
@@ -125,7 +143,7 @@ def _has_gpu() -> bool:
 
 def run_one(args, shape) -> int:
     """Plan, compile (and for small sizes or --gpu run) one case in this process; write its JSON."""
-    _setup(shape, args.gpu)
+    _setup(shape, args.gpu, budgeted=args.budget is not None)
     import dataclasses
 
     import jax
@@ -142,8 +160,10 @@ def run_one(args, shape) -> int:
     mesh = ap.LogicalMesh(shape=shape, beta=beta)
     run = not args.no_run and (args.size == "small" or args.gpu)
     unmerged = {"on": True, "off": False, "auto": args.size == "small"}[args.unmerged]
-    result = cases.run_case(args.suite, args.size, mesh, ap.AutoShardingOption(solver_time_limit_s=args.time_limit,
-                                                                               profile=args.profile),
+    budget = None if args.budget is None else int(args.budget * 2**30)
+    option = ap.AutoShardingOption(solver_time_limit_s=args.time_limit, profile=args.profile,
+                                   memory_budget_per_device=budget)
+    result = cases.run_case(args.suite, args.size, mesh, option,
                             methods=args.methods.split(",") if args.methods else None, run=run,
                             repeats=args.repeats, unmerged=unmerged, interleave=not args.gpu,
                             trace=args.trace and run)
@@ -152,8 +172,10 @@ def run_one(args, shape) -> int:
                                        jax.devices()[0].device_kind, len(jax.devices()))
     if args.profile:  # (the objective is in seconds: what predicted-vs-measured ranks)
         result["profile"] = {"path": args.profile, "key": _profile_key(args.profile)}
+    if budget is not None:
+        result["memory_budget_per_device"] = budget
     print(summary.text(result))
-    write(result, case_file(result["suite"], result["size"], shape, args.gpu, profiled=bool(args.profile)), args)
+    write(result, case_file(result["suite"], result["size"], shape, args.gpu, _tag(args), bool(args.profile)), args)
     return 0
 
 
@@ -174,13 +196,14 @@ def run_child(args, size: str, timeout: float) -> int:
     if args.time_limit is not None:
         argv += ["--time-limit", str(args.time_limit)]
     for flag, value in (("--mesh", args.mesh), ("--beta", args.beta), ("--batch", args.batch),
-                        ("--methods", args.methods), ("--report-dir", args.report_dir), ("--profile", args.profile)):
+                        ("--methods", args.methods), ("--report-dir", args.report_dir), ("--profile", args.profile),
+                        ("--budget", args.budget)):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--no-run"] * args.no_run + ["--gpu"] * args.gpu + ["--trace"] * args.trace
     shape = mesh_shape(argparse.Namespace(size=size, mesh=args.mesh))
     os.makedirs(args.out, exist_ok=True)
-    log = os.path.join(args.out, case_file(args.suite, size, shape, args.gpu, profiled=bool(args.profile)) + ".log")
+    log = os.path.join(args.out, case_file(args.suite, size, shape, args.gpu, _tag(args), bool(args.profile)) + ".log")
     print(f"--- {args.suite} {size} (limit {timeout:.0f} s; progress: tail -f {log})", flush=True)
     t = time.perf_counter()
     with open(log, "w") as err:
@@ -191,8 +214,10 @@ def run_child(args, size: str, timeout: float) -> int:
                 tail = _progress_tail(f.read())
             result = {"suite": args.suite, "size": size, "mesh": {"shape": list(shape)}, "timed_out": True,
                       "limit_s": timeout, "last_output": tail}
+            if args.budget is not None:
+                result["memory_budget_per_device"] = int(args.budget * 2**30)
             print(f"timed out after {timeout:.0f} s; last: {tail[-1:]}")
-            write(result, case_file(args.suite, size, shape, args.gpu, profiled=bool(args.profile)), args)
+            write(result, case_file(args.suite, size, shape, args.gpu, _tag(args), bool(args.profile)), args)
             return 0
     print(proc.stdout[-4000:], end="")
     if proc.returncode:
@@ -258,7 +283,7 @@ def _progress_tail(stderr: str, lines: int = 3) -> list[str]:
 
 def case_file(suite: str, size: str, shape, gpu: bool = False, tag: str = "", profiled: bool = False) -> str:
     """The case's JSON name; a case planned with --profile gets its own (``_profiled``), beside the
-    unit-cost one."""
+    unit-cost one, and so does one planned under --budget (``tag`` ``_budget80``)."""
     return f"suite_{suite}_{size}_{'x'.join(map(str, shape))}{tag}{'_profiled' if profiled else ''}{'_gpu' if gpu else ''}"
 
 

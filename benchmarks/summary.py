@@ -103,6 +103,8 @@ def text(result: dict) -> str:
     head = (f"{result['suite']} {result['size']} ({result['params'] / 1e6:.1f}M params) on mesh "
             f"{'x'.join(map(str, result['mesh']['shape']))}; auto planned in "
             f"{result['methods']['auto']['wall_s']:.2f}s")
+    if result.get("memory_budget_per_device") is not None:
+        head += f" under a memory budget of {result['memory_budget_per_device'] / 2**30:g} GiB per device"
     lines = [head, f"{'method':10} {'objective':>12} {'ILP':>9} {'comm MiB':>9} {'peak MiB':>9} "
                    f"{'step ms':>8} {'vs auto':>8} {'loss err':>9}  collectives"]
     for r in rows(result):

@@ -63,6 +63,27 @@ def test_profiled_cases_get_their_own_json():
     assert run_suite.case_file("gpt", "small", (2, 4), profiled=True) == "suite_gpt_small_2x4_profiled"
 
 
+def test_budgeted_cases_get_their_own_json_label_and_stay_out_of_the_memory_note():
+    """``run_suite --budget 80``: its own JSON (``_budget80``), labelled with the budget; the
+    report's note that unbudgeted plans keep more memory than ZeRO's does not name it."""
+    args = run_suite.parse_args(["gpt", "--size", "39B", "--budget", "80"])
+    assert args.budget == 80.0 and run_suite._tag(args) == "_budget80"
+    assert run_suite.case_file("gpt", "39B", (8, 8), tag=run_suite._tag(args)) == "suite_gpt_39B_8x8_budget80"
+    assert run_suite._tag(run_suite.parse_args(["gpt"])) == ""
+    heavy = _case(False, {"auto": 0.01, "zero2": 0.01}, {"auto": 1.0, "zero2": 2.0})
+    heavy["methods"]["auto"].update(memory={"peak": 3}, wall_s=1.0)  # 3x zero2's compiled peak
+    budgeted = dict(heavy, memory_budget_per_device=80 * 2**30)
+    assert report_md.label(budgeted) == "gpt small 2x4 (80 GiB budget)"
+    assert report_md.name(budgeted) == "gpt_small_2x4_budget80"
+    assert "gpt small 3.0x" in report_md.memory_note([heavy])[0] and report_md.memory_note([budgeted]) == []
+
+
+@pytest.mark.parametrize("argv", [["gpt", "--budget", "0"], ["gpt", "--budget", "80", "--mpirun", "2"]])
+def test_run_suite_refuses_a_budget_it_cannot_use(argv, capsys):
+    assert run_suite.main(argv) == 2
+    assert "--budget" in capsys.readouterr().err
+
+
 def test_interleaved_timing_runs_rounds_and_pairs_each_round_with_the_first_method(monkeypatch):
     """A fake clock: auto's step takes 1 unit, dp's 2, each scaled by a machine that slows down
     round by round (1x, 2x, ...). Timed one after the other, dp would pay for the slow rounds; in
