@@ -123,13 +123,10 @@ def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
     assert bound <= best + 1e-9 <= _core.evaluate(ilp, assignment).objective + 2e-9
 
 
-def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far():
-    """Where the best plan on the LP's strategies is not within ``support_gap`` of the LP bound,
-    the support step solves the MIP with the groups the LP sets integrally fixed and the others
-    free (RENS), stopped at that gap: here it finds a plan no support-only restriction has (the
-    optimum, brute force), and its gap to the LP bound is within ``support_gap``. (LLaMA-8B 8x8 at
-    35 GiB: support-only plan 13.2% above the LP bound, the full MIP 1.2% after 150 s; RENS 1.4%
-    in 17 s.)"""
+def _far_support_case():
+    """(ilp, sizes, LP bound, best feasible objective, best feasible objective on the LP's
+    support), brute force: seed 3 at budget 18, where the support's best plan is far from the LP
+    bound."""
     ilp, sizes = _budgeted_frustrated_ilp(upper=18.0, seed=3)
     model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
     lp = highs._highs(SolveOptions(), presolve=False)
@@ -142,7 +139,17 @@ def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far()
     feasible = [a for a in plans if sizes[np.arange(8), a].sum() <= 18.0]
     best = min(_core.evaluate(ilp, a).objective for a in feasible)
     on_support = min(_core.evaluate(ilp, a).objective for a in feasible if all(a[g] in support[g] for g in range(8)))
-    bound = lp.getInfo().objective_function_value
+    return ilp, sizes, lp.getInfo().objective_function_value, best, on_support
+
+
+def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far():
+    """Where the best plan on the LP's strategies is not within ``support_gap`` of the LP bound,
+    the support step solves the MIP with the groups the LP sets integrally fixed and the others
+    free (RENS), stopped at that gap: here it finds a plan no support-only restriction has (the
+    optimum, brute force), and its gap to the LP bound is within ``support_gap``. (LLaMA-8B 8x8 at
+    35 GiB: support-only plan 13.2% above the LP bound, the full MIP 1.2% after 150 s; RENS 1.4%
+    in 17 s.)"""
+    ilp, sizes, bound, best, on_support = _far_support_case()
     assert (on_support - bound) / on_support > 0.12 > (best - bound) / best, "the support plan must miss the gap"
     kept = solve_ilp(ilp, SolveOptions(support_gap=0.12, eliminate_chains=True))
     assert kept.status == highs.SUPPORT_STATUS and kept.mip_gap <= 0.12
@@ -180,17 +187,7 @@ def test_a_support_draft_stops_at_the_plan_on_the_lp_support():
     (``driver.budget.draft_options``) keep the restricted MIP's plan whatever its gap: no RENS and
     no full MIP. The same ILP as above: the draft is the best plan on the LP's support (brute
     force), feasible, with its true gap (over ``support_gap``) reported, never called optimal."""
-    ilp, sizes = _budgeted_frustrated_ilp(upper=18.0, seed=3)
-    model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
-    lp = highs._highs(SolveOptions(), presolve=False)
-    lp.setOptionValue("solve_relaxation", True)
-    highs._pass_model(lp, model, highs.highspy)
-    lp.run()
-    x_lp, starts = np.asarray(lp.getSolution().col_value), np.asarray(ilp.group_var_start)
-    support = [[s for s in range(3) if x_lp[starts[g] + s] > 1e-6] for g in range(8)]
-    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
-    feasible = [a for a in plans if sizes[np.arange(8), a].sum() <= 18.0]
-    on_support = min(_core.evaluate(ilp, a).objective for a in feasible if all(a[g] in support[g] for g in range(8)))
+    ilp, sizes, _, _, on_support = _far_support_case()
     draft = solve_ilp(ilp, SolveOptions(support_gap=0.12, support_draft=True, eliminate_chains=True))
     assert draft.status == highs.SUPPORT_STATUS and not draft.optimal
     assert draft.objective == pytest.approx(on_support, rel=1e-9) and draft.mip_gap > 0.12
