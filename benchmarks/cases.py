@@ -9,7 +9,7 @@ import time
 import jax
 
 import alpa_pass as ap
-from benchmarks import baselines, measure
+from benchmarks import baselines, measure, summary
 from benchmarks import step_trace
 from benchmarks.cost_model import CostModel
 from benchmarks.models import gpt_sizes, moe_transformer, wide_resnet
@@ -121,7 +121,7 @@ def evaluate_baselines(fn, args, mesh, option, methods: dict, unmerged_fallback:
                 free = unmerged.free()
                 out["unmerged_free"] = {"objective": free.objective, "status": free.status}
             ev, model = unmerged.pinned(specs), "unmerged"
-        infeasible = ev.status == "Infeasible"
+        infeasible = ev.status == "Infeasible" or ev.status.startswith(summary.OVER_BUDGET)
         out["baselines"][name] = {"objective": None if infeasible else ev.objective, "predicted": ev.predicted,
                                   "model": model,
                                   "status": ev.status, "unpinned": ev.unpinned,

@@ -6,6 +6,13 @@ argument layouts forced and the rest free: the cheapest way, in the model, to ru
 baseline's layouts. That is a lower bound of what the baseline costs in the model (XLA may choose
 worse intermediates), so ``auto objective <= pinned objective`` must hold for an optimal solve; a
 violation means the solver stopped early or the planner has a bug.
+
+With a memory budget (``AutoShardingOption.memory_budget_per_device``) the pinned solve still
+ignores the memory rows (with every row in, a 39B step's MIP would not finish); a baseline whose
+cheapest plan peaks over the budget (``predicted_peak``, reshard copies included) is reported
+``OVER_BUDGET`` with no objective: auto, which must fit, is not compared with it. The status says
+whether no plan with those layouts can fit at all (``least_peak``: every memory row at its least
+total over the strategies the pins allow, a proven lower bound) or only the cheapest one does not.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from alpa_pass.driver.planning import core_graph
 from alpa_pass.driver.request import node_ties
 from alpa_pass.solve.highs import Solution, _pass_model
 from alpa_pass.trace.lower import lower
+from benchmarks.summary import OVER_BUDGET
 
 
 @dataclasses.dataclass
@@ -66,7 +74,42 @@ class CostModel:
         if solution is None:
             return Evaluation(float("inf"), {}, unpinned, "Infeasible")
         plan = build_plan(self.graph, self.problem, solution, self.mesh, {})
+        budget = self.option.memory_budget_per_device
+        peak = float(self.problem.predicted_peak(solution.assignment)[0])
+        if budget is not None and peak > budget * (1 + 1e-9):
+            least = self.least_peak(upper)
+            why = (f"no plan with these layouts fits: every one peaks at {least / 2**30:.4g} GiB or more"
+                   if least > budget * (1 + 1e-9) else "a costlier plan with these layouts might fit (not solved)")
+            return Evaluation(float("inf"), plan.predicted, unpinned,
+                              f"{OVER_BUDGET} ({budget / 2**30:.4g} GiB): its cheapest plan peaks at "
+                              f"{peak / 2**30:.4g} GiB; {why}")
         return Evaluation(plan.objective, plan.predicted, unpinned, solution.status)
+
+    def least_peak(self, upper: np.ndarray) -> float:
+        """A lower bound on the peak (reshard copies left out) of every plan whose strategies
+        ``upper`` (column upper bounds) allows: the largest memory row with each group at its least
+        coefficient among its allowed strategies (a strategy absent from a row adds 0; coefficients
+        are bytes, >= 0). With nothing pinned, the core's ``memory_row_lower_bound``."""
+        indptr, indices, data = (np.asarray(a) for a in self.problem.memory_row_matrix())
+        num_rows = indptr.size - 1
+        if not num_rows:
+            return 0.0
+        gs = np.asarray(self.problem.ilp.group_var_start, dtype=np.int64)
+        allowed_cols = np.asarray(upper[:gs[-1]]) > 0
+        allowed_per_group = np.add.reduceat(allowed_cols.astype(np.int64), gs[:-1])
+        row = np.repeat(np.arange(num_rows), np.diff(indptr))
+        keep = (indices < gs[-1]) & (np.asarray(upper)[indices] > 0)
+        row, col, value = row[keep], indices[keep], data[keep]
+        group = np.searchsorted(gs, col, side="right") - 1
+        key = row * (gs.size - 1) + group
+        order = np.lexsort((value, key))
+        key, value = key[order], value[order]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        count = np.diff(np.r_[first, key.size])
+        k = key[first]
+        full = count == allowed_per_group[k % (gs.size - 1)]  # else an allowed strategy adds 0 to the row
+        totals = np.bincount(k[full] // (gs.size - 1), weights=value[first][full], minlength=num_rows)
+        return float(totals.max())
 
     def _core_spec(self, spec, rank: int) -> list[int]:
         out = [-1] * len(self.mesh.shape)

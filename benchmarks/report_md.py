@@ -153,7 +153,12 @@ def cost_model_section(results: list[dict]) -> list[str]:
     merging = [(name(r), v) for r in results for v in summary.violations(r, "unmerged")]
     out += [f"- **FOLLOWER MERGING LOSES OPTIMALITY** {c}: {v}" for c, v in merging]
     infeasible = [(name(r), b) for r in results for b, e in r["cost_model"]["baselines"].items()
-                  if not summary.evaluated(e)]
+                  if not summary.evaluated(e) and not summary.over_budget(e)]
+    over = [(name(r), b, e["status"]) for r in results for b, e in r["cost_model"]["baselines"].items()
+            if summary.over_budget(e)]
+    if over:
+        out += ["", "Not compared with auto (their layouts do not fit the case's memory budget, which auto's "
+                    "plan meets): " + "; ".join(f"{b} in {c}: {s}" for c, b, s in over) + "."]
     if infeasible:
         out += ["", "Not evaluated (their layouts are infeasible in the merged ILP, and the unmerged ILP of a "
                     "large model was not built): " + ", ".join(f"{b} in {c}" for c, b in infeasible) + "."]

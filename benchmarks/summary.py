@@ -4,11 +4,19 @@ from __future__ import annotations
 import math
 
 MIB = 2**20
+# The cost-model status of a baseline whose cheapest plan does not fit the case's memory budget
+# (benchmarks/cost_model.py): not evaluated, not compared with auto
+OVER_BUDGET = "Over the memory budget"
 
 
 def evaluated(baseline: dict) -> bool:
     """The cost model gave this baseline's layout an objective (None or inf: infeasible there)."""
     return baseline["objective"] is not None and math.isfinite(baseline["objective"])
+
+
+def over_budget(baseline: dict) -> bool:
+    """The baseline's cheapest plan peaks over the case's memory budget (``run_suite --budget``)."""
+    return str(baseline.get("status", "")).startswith(OVER_BUDGET)
 
 
 def rows(result: dict) -> list[dict]:
@@ -25,7 +33,8 @@ def rows(result: dict) -> list[dict]:
             "method": name,
             "objective": objective,
             "model": "planner" if name == "auto" else cm["baselines"][name]["model"]
-            + ("" if evaluated(cm["baselines"][name]) else ": infeasible"),
+            + ("" if evaluated(cm["baselines"][name]) else
+               ": over budget" if over_budget(cm["baselines"][name]) else ": infeasible"),
             "comm_mib": sum(k["wire_bytes"] for k in entry["comm"].values()) / MIB,
             "collectives": {k: v["count"] for k, v in entry["comm"].items() if v["count"]},
             "peak_mib": entry["memory"]["peak"] / MIB,

@@ -195,3 +195,35 @@ def test_expert_baseline_splits_experts_over_the_axes_that_divide_them():
     on_64 = baselines.make_baseline("expert", state, batch, AXES, (8, 8), moe.expert_dim)
     assert w1(on_64) == jax.sharding.PartitionSpec("x")  # 8 experts on 8x8: "x" only
     assert on_64.state_specs[0]["wte"] == jax.sharding.PartitionSpec()
+
+
+def test_a_baseline_over_the_memory_budget_is_not_compared_with_auto(setup):
+    """``run_suite --budget``: the cost model pins a baseline's layouts and solves without the
+    memory rows; when that plan peaks over the budget the baseline gets no objective (a 39B case
+    flagged auto as worse than a DP plan that needs 581 GiB per device) and its status says whether
+    any plan with those layouts could fit (``least_peak``, a lower bound: with nothing pinned, the
+    core's ``memory_row_lower_bound``)."""
+    import alpa_pass as ap
+    from benchmarks import cases, summary
+    from benchmarks.cost_model import CostModel
+
+    optimizer, state, batch, loss_fn, _, _ = setup
+    fn, mesh = train_step_for(loss_fn, optimizer), ap.LogicalMesh(shape=MESH_SHAPE)
+    dp = baselines.flat_specs(baselines.make_baseline("dp", state, batch, AXES, MESH_SHAPE, gpt_sizes.megatron_dim))
+    free = CostModel(fn, (state, batch), mesh, ap.AutoShardingOption())
+    unbudgeted = free.pinned(dp)
+    dp_peak, free_peak = unbudgeted.predicted["peak_bytes"], free.free().predicted["peak_bytes"]
+    assert math.isfinite(unbudgeted.objective) and free_peak < 0.75 * dp_peak
+    between = CostModel(fn, (state, batch), mesh, ap.AutoShardingOption(memory_budget_per_device=int(0.82 * dp_peak)))
+    upper = np.array(between.problem.ilp.col_upper, dtype=np.float64)
+    least = between.least_peak(upper)
+    assert least == pytest.approx(between.problem.memory_row_lower_bound(), rel=1e-12) and 0 < least < free_peak
+    over = between.pinned(dp)
+    assert over.objective == math.inf and summary.over_budget({"status": over.status})
+    assert "might fit" in over.status and over.predicted["peak_bytes"] == dp_peak
+    tight = CostModel(fn, (state, batch), mesh, ap.AutoShardingOption(memory_budget_per_device=int(1.1 * least)))
+    assert "no plan with these layouts fits" in tight.pinned(dp).status  # DP's replicated state alone
+    methods = {"auto": {"objective": 1.0}, "dp": {"baseline": baselines.make_baseline(
+        "dp", state, batch, AXES, MESH_SHAPE, gpt_sizes.megatron_dim)}}
+    entry = cases.evaluate_baselines(fn, (state, batch), mesh, between.option, methods)["baselines"]["dp"]
+    assert entry["objective"] is None and entry["auto_not_worse"] is None and summary.over_budget(entry)
