@@ -130,13 +130,21 @@ def summary_section(results, timed_out, mpi) -> list[str]:
 
 
 def memory_note(results: list[dict]) -> list[str]:
-    """The note naming the unbudgeted cases whose auto plan peaks over 1.5x the leanest baseline."""
+    """The notes on memory: per budgeted case, the baselines that do not fit its budget; the
+    unbudgeted cases whose auto plan peaks over 1.5x the leanest baseline."""
     heavy = [f"{r['suite']} {r['size']} {summary.headline(r)['peak_vs_best']:.1f}x"
              for r in results if (summary.headline(r)["peak_vs_best"] or 0) > 1.5
              and r.get("memory_budget_per_device") is None]
+    out = []
+    for r in results:
+        over = summary.over_budget_compiled(r)
+        if over:
+            out += [f"**{label(r)}.** Auto's plan compiles to {r['methods']['auto']['memory']['peak'] / 2**30:.1f} GiB "
+                    f"per device; these baselines compile to more than the budget and are left out of its cost, comm "
+                    f"and time ratios: " + ", ".join(f"{n} {p / 2**30:.1f} GiB" for n, p in over.items()) + ".", ""]
     if not heavy:
-        return []
-    return ["**Memory.** Where no memory budget was set (`AutoShardingOption.memory_budget_per_device`; "
+        return out
+    return out + ["**Memory.** Where no memory budget was set (`AutoShardingOption.memory_budget_per_device`; "
             "`run_suite.py --budget`), the planner minimises communication and resharding only, so its plans "
             "keep more per device than the ZeRO "
             "baselines, which shard state to save memory: auto's compiled peak over the leanest baseline's: "

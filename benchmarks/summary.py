@@ -132,10 +132,21 @@ def text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def over_budget_compiled(result: dict) -> dict:
+    """{baseline: compiled peak bytes} of the baselines whose compiled peak exceeds the case's
+    memory budget (``run_suite --budget``; {} without one)."""
+    budget = result.get("memory_budget_per_device")
+    if budget is None:
+        return {}
+    return {n: e["memory"]["peak"] for n, e in result["methods"].items()
+            if n != "auto" and e["memory"]["peak"] > budget}
+
+
 def headline(result: dict) -> dict:
     """The case in one row: auto's predicted cost, comm and peak memory (and measured step time
     when it ran) as ratios to the best baseline on each figure (< 1: auto is better), with that
-    baseline's name; None where no baseline has the figure."""
+    baseline's name; None where no baseline has the figure. Under a memory budget, baselines whose
+    compiled peak exceeds it count for the peak figure only."""
     cm, methods = result["cost_model"], result["methods"]
     figures = {
         "objective": {n: cm["baselines"][n]["objective"] if n != "auto" else cm["auto_objective"] for n in methods},
@@ -144,8 +155,11 @@ def headline(result: dict) -> dict:
         "time": {n: methods[n].get("timing", {}).get("median_s") for n in methods},
     }
     row = {"planning_s": methods["auto"]["wall_s"]}
+    over = set(over_budget_compiled(result))
     for key, values in figures.items():
-        known = [(v, n) for n, v in values.items() if n != "auto" and v is not None and math.isfinite(v)]
+        # (under a budget, auto's cost and time are compared with the baselines that fit it only)
+        known = [(v, n) for n, v in values.items() if n != "auto" and v is not None and math.isfinite(v)
+                 and (key == "peak" or n not in over)]
         best_value, best_name = min(known) if known else (None, None)
         ok = best_value and values["auto"] is not None
         row[f"{key}_vs_best"] = values["auto"] / best_value if ok else None

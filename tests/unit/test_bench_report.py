@@ -76,6 +76,14 @@ def test_budgeted_cases_get_their_own_json_label_and_stay_out_of_the_memory_note
     assert report_md.label(budgeted) == "gpt small 2x4 (80 GiB budget)"
     assert report_md.name(budgeted) == "gpt_small_2x4_budget80"
     assert "gpt small 3.0x" in report_md.memory_note([heavy])[0] and report_md.memory_note([budgeted]) == []
+    # a baseline over the budget (compiled peak) counts for the peak ratio only, and the note names it
+    tight = dict(heavy, memory_budget_per_device=4)
+    tight["methods"] = {"auto": heavy["methods"]["auto"], "zero2": dict(heavy["methods"]["zero2"], memory={"peak": 8})}
+    row = summary.headline(tight)
+    assert row["comm_vs_best"] is None and row["objective_vs_best"] is None and row["time_vs_best"] is None
+    assert row["peak_vs_best"] == pytest.approx(3 / 8) and row["peak_best"] == "zero2"
+    assert summary.headline(heavy)["comm_vs_best"] == pytest.approx(1.0)
+    assert "these baselines compile to more than the budget" in report_md.memory_note([tight])[0]
 
 
 @pytest.mark.parametrize("argv", [["gpt", "--budget", "0"], ["gpt", "--budget", "80", "--mpirun", "2"]])
