@@ -145,10 +145,9 @@ def memory_note(results: list[dict]) -> list[str]:
     if not heavy:
         return out
     return out + ["**Memory.** Where no memory budget was set (`AutoShardingOption.memory_budget_per_device`; "
-            "`run_suite.py --budget`), the planner minimises communication and resharding only, so its plans "
-            "keep more per device than the ZeRO "
-            "baselines, which shard state to save memory: auto's compiled peak over the leanest baseline's: "
-            + ", ".join(heavy) + ".", ""]
+                  "`run_suite.py --budget`), the planner minimises communication and resharding only, so its "
+                  "plans keep more per device than the ZeRO baselines, which shard state to save memory: auto's "
+                  "compiled peak over the leanest baseline's: " + ", ".join(heavy) + ".", ""]
 
 
 def cost_model_section(results: list[dict]) -> list[str]:
