@@ -26,6 +26,7 @@ from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import build_plan
+from alpa_pass.driver.memory_rows import memory_row_matrix
 from alpa_pass.driver.planning import core_graph
 from alpa_pass.driver.request import node_ties
 from alpa_pass.solve.highs import Solution, _pass_model
@@ -90,8 +91,9 @@ class CostModel:
         ``upper`` (column upper bounds) allows: the largest memory row with each group at its least
         coefficient among its allowed strategies (a strategy absent from a row adds 0; coefficients
         are bytes, >= 0). With nothing pinned, the core's ``memory_row_lower_bound``."""
-        indptr, indices, data = (np.asarray(a) for a in self.problem.memory_row_matrix())
-        num_rows = indptr.size - 1
+        m = memory_row_matrix(self.problem)
+        indptr, indices, data = m.indptr, m.indices, m.data
+        num_rows = m.shape[0]
         if not num_rows:
             return 0.0
         gs = np.asarray(self.problem.ilp.group_var_start, dtype=np.int64)
