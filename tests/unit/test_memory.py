@@ -317,9 +317,9 @@ def test_memory_rows_are_added_only_where_a_plan_breaks_them(monkeypatch, filter
     kept_rows = []
     real = budget_module.solve_ilp
 
-    def record(ilp, opts, start=None, drop_rows=None):
+    def record(ilp, opts, start=None, drop_rows=None, **kwargs):
         kept_rows.append(ilp.num_linear_rows - len(drop_rows if drop_rows is not None else ()))
-        return real(ilp, opts, start=start, drop_rows=drop_rows)
+        return real(ilp, opts, start=start, drop_rows=drop_rows, **kwargs)
 
     monkeypatch.setattr(budget_module, "solve_ilp", record)
     prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(peak), [])
@@ -514,11 +514,11 @@ def test_a_copy_two_plans_range_differently_is_counted_once_over_both_ranges():
     assert len(copies) == 3
 
 
-def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fits_and_is_cheaper(monkeypatch):
+def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fits_and_is_no_dearer(monkeypatch):
     """``driver.budget.finish_draft``: the budgeted rounds solve LP-support drafts (no RENS); the
-    plan that fits with its reshard copies is finished (solved again with its copies counted)
-    only when it is over ``support_gap``, and the finished plan replaces it only when cheaper and
-    within the budget with its own copies (LLaMA-8B 8x8 at 35 GiB: the finished plan 3.744e10 vs
+    plan that fits with its reshard copies is finished (solved again with its copies counted, the
+    draft as the candidate) only when it is over ``support_gap``, and the finished plan replaces
+    it only when no costlier and within the budget with its own copies (LLaMA-8B 8x8 at 35 GiB: the finished plan 3.744e10 vs
     the draft's 3.833e10, but 35.0x GiB with its copies: the draft stayed)."""
     import types
 
@@ -543,8 +543,8 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     options = SolveOptions(support_gap=0.1)
     solves = []
     finished = sol(90.0, 0.05, assignment=(1, 1))
-    monkeypatch.setattr(b, "solve_within_budget", lambda p, budget, o, where, hint=None: solves.append(
-        (budget, o.support_draft, tuple(hint))) or finished)
+    monkeypatch.setattr(b, "solve_within_budget", lambda p, budget, o, where, hint=None, candidate=None: solves.append(
+        (budget, o.support_draft, tuple(hint), tuple(candidate))) or finished)
     draft = sol(100.0, 0.13)
     # within the gap, or not an LP-support plan, or no budget: kept as is, nothing solved
     for s, budget in ((sol(100.0, 0.05), 100), (sol(100.0, 0.3, status="Optimal"), 100), (draft, None)):
@@ -554,7 +554,11 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     copies = Copies({(1, 1): 99.0})
     p, s = b.finish_draft(copies, problem, draft, 100, options, "2x2")
     assert s is finished and p.counted and copies.added == [((0, 1), None)]
-    assert solves == [(100, False, (0, 1))]  # the full options (no draft), hinted by the draft
+    assert solves == [(100, False, (0, 1), (0, 1))]  # the full options (no draft), hinted by the draft, its candidate
+    # no costlier (e.g. the draft itself, now certified by the new LP bound): kept
+    finished = sol(100.0, 0.07, assignment=(0, 1))
+    assert b.finish_draft(Copies({(0, 1): 99.0}), problem, draft, 100, options, "2x2")[1] is finished
+    finished = sol(90.0, 0.05, assignment=(1, 1))
     # over the budget with its own copies (or dearer): the draft stays
     assert b.finish_draft(Copies({(1, 1): 100.5}), problem, draft, 100, options, "2x2") == (problem, draft)
     finished = sol(120.0, 0.05, assignment=(1, 1))

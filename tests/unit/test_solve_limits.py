@@ -6,6 +6,7 @@ node-limited solve returns its incumbent, the same one on every run.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -112,7 +113,7 @@ def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
     monkeypatch.setattr(highs, "SUPPORT_ROWS_PER_ROUND", 1)
     found = highs._support_plan(model, SolveOptions())
     assert found is not None
-    x, bound, gap = found
+    x, bound, gap, _ = found
     assert bound == pytest.approx(highs.lp_bound(ilp), rel=1e-9)
     assignment = np.asarray(_core.decode_assignment(ilp, x))
     loads = sizes[:, np.arange(8), assignment].sum(axis=1)
@@ -194,3 +195,37 @@ def test_a_support_draft_stops_at_the_plan_on_the_lp_support():
     assert sizes[np.arange(8), draft.assignment].sum() <= 18.0 + 1e-9
     finished = solve_ilp(ilp, SolveOptions(support_gap=0.12, eliminate_chains=True))
     assert finished.objective < draft.objective - 1e-6  # what finishing it buys (finish_draft)
+
+
+def test_a_restriction_starts_from_the_relaxations_lp_support():
+    """``solve_ilp(support=...)``: a budgeted round solves a restriction of the last round's problem
+    (more reshard copies counted, a lower row bound): the MIP restricted to the last LP's
+    strategies (with the candidate's and each group's least-memory ones) comes first, and its plan
+    is kept without an LP when within ``support_gap`` of the last LP's bound, a lower bound here
+    too (brute force). With no plan within the gap there, the problem's own LP decides. A plan
+    given as ``candidate`` is never beaten by a worse one."""
+    relaxed, sizes = _budgeted_frustrated_ilp(upper=18.0, seed=3)
+    tight, _ = _budgeted_frustrated_ilp(upper=16.5, seed=3)
+    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
+    loads = np.array([sizes[np.arange(8), a].sum() for a in plans])
+    costs = np.array([_core.evaluate(tight, a).objective for a in plans])
+    best = costs[loads <= 16.5].min()
+    options = SolveOptions(support_gap=0.5, eliminate_chains=True)
+    first = solve_ilp(relaxed, options)
+    assert first.status == highs.SUPPORT_STATUS and first.support is not None
+    assert first.support.bound == pytest.approx(highs.lp_bound(relaxed), rel=1e-9)
+    assert first.support.columns.shape == (24,) and first.support.columns[np.arange(8) * 3 + first.assignment].all()
+    carried = solve_ilp(tight, options, support=first.support)
+    assert carried.support.bound == first.support.bound  # no new LP: the relaxation's bound
+    assert loads[np.flatnonzero([np.array_equal(a, carried.assignment) for a in plans])[0]] <= 16.5 + 1e-9
+    assert carried.mip_gap == pytest.approx((carried.objective - first.support.bound) / carried.objective, rel=1e-6)
+    assert first.support.bound <= best + 1e-9 and carried.mip_gap <= 0.5
+    own = solve_ilp(tight, dataclasses.replace(options, support_gap=1e-6), support=first.support)
+    assert own.support is None or own.support.bound == pytest.approx(highs.lp_bound(tight), rel=1e-9)
+    assert highs.lp_bound(tight) > first.support.bound + 1e-6  # the restriction's own LP bound is higher
+    feasible = [a for a, load in zip(plans, loads) if load <= 16.5]
+    worst = max(feasible, key=lambda a: _core.evaluate(tight, a).objective)
+    given = solve_ilp(tight, options, candidate=worst)
+    assert given.objective <= _core.evaluate(tight, worst).objective + 1e-9
+    with pytest.raises(ValueError, match="support has 5 columns"):
+        solve_ilp(tight, options, support=highs.Support(np.ones(5, dtype=bool), 0.0))

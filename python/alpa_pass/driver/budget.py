@@ -18,7 +18,7 @@ import numpy as np
 from alpa_pass import _core
 from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_rows, undominated_memory_rows
 from alpa_pass.errors import InfeasibleError, SolverError
-from alpa_pass.solve.highs import SUPPORT_STATUS, Solution, SolveOptions, lp_bound, solve_ilp
+from alpa_pass.solve.highs import SUPPORT_STATUS, Solution, SolveOptions, Support, lp_bound, solve_ilp
 
 log = logging.getLogger("alpa_pass")
 
@@ -63,7 +63,8 @@ LEAST_MEMORY_COPY_ROUNDS = 2
 
 
 def solve_within_budget(problem, budget: int | None, options: SolveOptions, where: str,
-                        hint=None, copies: ReshardCopies | None = None, start=None) -> Solution:
+                        hint=None, copies: ReshardCopies | None = None, start=None, candidate=None,
+                        support: Support | None = None) -> Solution:
     """Solve ``problem`` (a ``_core.ShardingProblem``; its memory rows when ``budget``).
 
     The memory rows stay out of ``problem.ilp`` (``_core`` memory.h MemoryRows: thousands of rows
@@ -76,7 +77,9 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
     budgeted solve (then ``copies.problem`` is the problem solved). ``start``: a plan (a strategy
     per group) meeting every row, each solve's first incumbent (and the ``hint`` when none is
-    given): the result is never worse.
+    given): the result is never worse. ``candidate`` and ``support``: ``solve_ilp``'s, for the
+    LP-support solves (``support``: of a relaxation of ``problem``; each row round passes its
+    own on to the next, a restriction of it).
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -99,7 +102,7 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         if not budgeted:
             return solve_ilp(problem.ilp, options, start=start)
         found, problem = _solve_with_row_generation(problem, options, where, start if hint is None else hint,
-                                                    copies, start)
+                                                    copies, start, candidate, support)
         if found is not None:
             return found
         kept = undominated_memory_rows(problem)
@@ -233,7 +236,10 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
         hint = solution.assignment
         problem = copies.add(problem, hint, None if row_budget == budget else row_budget)
         try:
-            found = solve_within_budget(problem, row_budget, options, where, hint=hint, copies=copies)
+            # (more copies counted, rows no higher than the last plan's: a restriction of its problem,
+            # whose LP support and bound carry over: see solve_ilp's support)
+            found = solve_within_budget(problem, row_budget, options, where, hint=hint, copies=copies,
+                                        support=solution.support)
         except InfeasibleError:
             if row_budget == budget:
                 break  # the copies' rows overcount (a copy counted where its producer already has the layout)
@@ -262,8 +268,9 @@ def finish_draft(copies: ReshardCopies, problem, solution: Solution, budget: int
                  where: str) -> tuple:
     """(problem, solution): ``solution`` when it is no draft or already within
     ``options.support_gap`` of its LP bound; else the problem with the draft's reshard copies
-    counted too, solved again with ``options`` (the LP-support plan finished by RENS, or the full
-    MIP), kept when cheaper and its plan fits ``budget`` with its own copies. Otherwise the draft
+    counted too, solved again with ``options`` (the new LP's support and the draft's strategies,
+    the draft the first incumbent when it meets the new rows; then RENS, or the full MIP), kept
+    when no costlier and its plan fits ``budget`` with its own copies. Otherwise the draft
     stays: it fits, its gap is what ``plan.mip_gap`` says. Deterministic: no clock decides."""
     if (budget is None or solution.status != SUPPORT_STATUS or options.support_gap is None
             or not solution.mip_gap > options.support_gap):
@@ -275,11 +282,15 @@ def finish_draft(copies: ReshardCopies, problem, solution: Solution, budget: int
         # plan cannot buy its cost back with copies the rows do not see)
         rows_at = int(problem.memory_row_upper)
         counted = copies.add(problem, solution.assignment, None if rows_at == budget else rows_at)
-        finished = solve_within_budget(counted, rows_at, options, where, hint=solution.assignment)
+        # (the draft's strategies join the LP's support, the draft itself the first incumbent when it
+        # meets the counted rows: a finished plan no worse than the draft, whose gap the new LP bound
+        # may already bring within support_gap without RENS)
+        finished = solve_within_budget(counted, rows_at, options, where, hint=solution.assignment,
+                                       candidate=solution.assignment)
     except (InfeasibleError, SolverError):
         return problem, solution
     peak = copies.seen(counted, finished.assignment)
-    keep = finished.objective < solution.objective and peak <= budget * (1 + 1e-9)
+    keep = finished.objective <= solution.objective and peak <= budget * (1 + 1e-9)
     log.info("alpa_pass: mesh %s: finished plan objective %.6g (%s, gap %.3g), peak %s GiB with its copies: %s",
              where, finished.objective, finished.status, finished.mip_gap, _gib(peak),
              "kept" if keep else f"the draft's {solution.objective:.6g} stays")
@@ -307,7 +318,8 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
                              solve_time_s=time.perf_counter() - t)
 
 
-def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, copies=None, start=None) -> tuple:
+def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint, copies=None, start=None,
+                               candidate=None, support=None) -> tuple:
     """(the budgeted optimum found by adding memory rows lazily, or None: then the caller solves
     with all undominated rows; the problem solved, rebuilt when a free plan that nearly fits had
     its copies counted): round 0 solves without memory rows, or, given a ``hint`` plan (a strategy
@@ -319,7 +331,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). Only finished
     solves count (a time-limited one or ``MAX_ROW_ROUNDS`` rounds give None), so the result does
     not depend on the machine. ``start``: a plan meeting every row, every solve's first incumbent
-    (a solve stopped by a node limit counts as finished: its plan is then not proven optimal)."""
+    (a solve stopped by a node limit counts as finished: its plan is then not proven optimal).
+    ``candidate``, ``support``: ``solve_ilp``'s; each round's support goes to the next."""
     upper = float(problem.memory_row_upper)
 
     def rows_near(assignment):
@@ -332,7 +345,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     unswapped = None
     for round_ in range(MAX_ROW_ROUNDS + 1):
         try:
-            solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options, start=start)
+            solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options, start=start,
+                                 candidate=candidate, support=support)
         except SolverError:
             if options.objective_bound is not None:
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
@@ -348,6 +362,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None, problem
         assignment = np.asarray(solution.assignment, dtype=np.int64)
+        support = solution.support or support  # (the next round solves a restriction: more rows or copies)
         free_peak = copies.seen(problem, assignment) if round_ == 0 and hint is None and copies is not None else 0.0
         if upper < free_peak <= upper * FREE_COPIES_WITHIN:
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
