@@ -362,7 +362,7 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
             log.info("alpa_pass: mesh %s: row round %d stopped by the time limit", where, round_)
             return None, problem
         assignment = np.asarray(solution.assignment, dtype=np.int64)
-        support = solution.support or support  # (the next round solves a restriction: more rows or copies)
+        support = solution.support  # (the next round solves a restriction: more rows or copies)
         free_peak = copies.seen(problem, assignment) if round_ == 0 and hint is None and copies is not None else 0.0
         if upper < free_peak <= upper * FREE_COPIES_WITHIN:
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too

@@ -92,7 +92,7 @@ class Solution:
     log: str = ""
     node_limited: bool = False  # stopped by the node limit: deterministic, but maybe not optimal
     solved_size: tuple = (0, 0)  # (columns, rows) HiGHS solved: the exact reduction's when it applied
-    support: Support | None = None  # an LP-support plan's: its LP's support and bound (see solve_ilp)
+    support: Support | None = None  # an LP-support plan's LP support and bound (None: found on a carried one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +126,9 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
     ``problem``: the MIP restricted to its strategies (with the candidate's and each group's
     least-memory ones) is tried first, stopped at the first plan within ``support_gap`` of
     ``support.bound``; such a plan is returned without an LP (its ``mip_gap`` measured from that
-    bound: the reshard-copy rounds of a budgeted solve, GPT 1.3B 2x4 at 14 GiB: 22.1 -> 13.0 s of
-    solve, 2 LPs instead of 4, and a 7% cheaper plan).
+    bound; each MIP at most ``CARRIED_NODE_LIMIT`` nodes). The reshard-copy rounds of a budgeted
+    solve (``driver.budget.fit_reshard_copies``): GPT 1.3B 2x4 at 14 GiB 20.0 -> 12.0 s of solve,
+    2 LPs instead of 4, a 7% cheaper plan; GPT-39B 8x8 at 80 GiB 37.7 -> 32.4 s, 1% cheaper.
 
     Raises:
       InfeasibleError: HiGHS proved the problem infeasible.
@@ -161,7 +162,9 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
             x, bound, gap, used = found
             out = _solution(problem, reduced, model, x, SUPPORT_STATUS, gap <= options.rel_gap, gap,
                             time.perf_counter() - t0, _read_and_remove(log_path))
-            out.support = Support(space.to_problem(used), bound / scale)
+            # (a plan found on a carried support passes none on: its bound would be two relaxations
+            # old; on GPT-175B 16x16 at 80 GiB the second carried round missed after 14 s)
+            out.support = None if used is None else Support(space.to_problem(used), bound / scale)
             return out
         if found is not None:
             _set_start(h, model, _groups_of(model, found[0]), highspy)
@@ -261,6 +264,14 @@ class _ColumnSpace:
         return np.asarray(plan, dtype=np.int64) if self.reduced is None else self.reduced.start(plan)
 
 
+# Branch-and-bound nodes of each MIP restricted to a relaxation's support (``solve_ilp(support=)``).
+# Where such a MIP met the gap it did so at the root or within 2 nodes (GPT 1.3B 2x4 at 14 GiB,
+# GPT-39B 8x8 and GPT-175B 16x16 at 80 GiB); the misses branched on (35 nodes, 0.9 s; 317 nodes,
+# 14 s, a support carried twice, which is no longer done), and the LP runs after a miss anyway.
+# A count: no clock decides.
+CARRIED_NODE_LIMIT = 10
+
+
 def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
     """(column vector, LP bound, relative gap, strategies used) of a plan of ``model`` found from
     its LP relaxation (``SolveOptions.support_gap``), or None when the LP does not solve or no
@@ -277,7 +288,8 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
     candidate's and each group's least-memory ones (``_least_memory_columns``: the rows are
     tighter than the relaxation's, e.g. more reshard copies counted, and the relaxation's support
     alone often has no plan), stopped at a plan within ``support_gap`` of that bound, returned
-    without an LP. "Strategies used": the restricted MIP's mask and the plan's strategies."""
+    without an LP. "Strategies used": the restricted MIP's mask and the plan's strategies (None
+    for a plan found on ``carried``)."""
     lower, upper_rows = np.asarray(model.row_lower), np.asarray(model.row_upper)
     one_sided = np.isneginf(lower) & np.isfinite(upper_rows)
     matrix = scipy.sparse.csc_matrix((np.asarray(model.a_value, dtype=np.float64), np.asarray(model.a_index),
@@ -302,7 +314,7 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
         value = float(np.dot(cost, x) + float(model.offset))
         return (value - bound) / max(abs(value), 1e-12)
 
-    def restricted(used, start=None, target=None, bound=None):
+    def restricted(used, start=None, target=None, bound=None, nodes=None):
         """The MIP with the group strategies outside ``used`` (a mask over the group columns) off,
         stopped at a plan within ``target`` of ``bound`` when given."""
         col_upper = np.asarray(model.col_upper, dtype=np.float64).copy()
@@ -313,6 +325,8 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
             h = _highs(options, presolve=True)
             if target is not None:
                 h.setOptionValue("objective_target", bound / (1 - target))
+            if nodes is not None:
+                h.setOptionValue("mip_max_nodes", int(nodes))
             _pass_model(h, sub, highspy)
             if start is not None:
                 _set_start(h, sub, start, highspy)
@@ -332,11 +346,12 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
     if carried is not None:
         t = time.perf_counter()
         used = carried[0] | plan | _least_memory_columns(memory, gs)
-        x = restricted(used, start, target, carried[1])
-        log.info("alpa_pass: LP-support plan: the MIP restricted to the last LP's support %s in %.1f s",
+        x = restricted(used, start, target, carried[1], CARRIED_NODE_LIMIT)
+        log.info("alpa_pass: LP-support plan: the MIP restricted to the last LP's support (and the least-memory "
+                 "strategies) %s in %.1f s",
                  "has none" if x is None else f"gap {gap(x, carried[1]):.3g}", time.perf_counter() - t)
         if x is not None and gap(x, carried[1]) <= target:
-            return x, carried[1], gap(x, carried[1]), used | (x[gs[0]:gs[-1]] > 0.5)
+            return x, carried[1], gap(x, carried[1]), None
         active[:] = False  # (the LP below adds the rows it breaks itself)
 
     t_lp = time.perf_counter()
