@@ -126,8 +126,8 @@ def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
 
 def _far_support_case():
     """(ilp, sizes, LP bound, best feasible objective, best feasible objective on the LP's
-    support), brute force: seed 3 at budget 18, where the support's best plan is far from the LP
-    bound."""
+    support, that support: the strategies per group), brute force: seed 3 at budget 18, where the
+    support's best plan is far from the LP bound."""
     ilp, sizes = _budgeted_frustrated_ilp(upper=18.0, seed=3)
     model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
     lp = highs._highs(SolveOptions(), presolve=False)
@@ -140,7 +140,7 @@ def _far_support_case():
     feasible = [a for a in plans if sizes[np.arange(8), a].sum() <= 18.0]
     best = min(_core.evaluate(ilp, a).objective for a in feasible)
     on_support = min(_core.evaluate(ilp, a).objective for a in feasible if all(a[g] in support[g] for g in range(8)))
-    return ilp, sizes, lp.getInfo().objective_function_value, best, on_support
+    return ilp, sizes, lp.getInfo().objective_function_value, best, on_support, support
 
 
 def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far():
@@ -150,7 +150,7 @@ def test_support_step_frees_the_fractional_groups_when_the_support_plan_is_far()
     optimum, brute force), and its gap to the LP bound is within ``support_gap``. (LLaMA-8B 8x8 at
     35 GiB: support-only plan 13.2% above the LP bound, the full MIP 1.2% after 150 s; RENS 1.4%
     in 17 s.)"""
-    ilp, sizes, bound, best, on_support = _far_support_case()
+    ilp, sizes, bound, best, on_support, _ = _far_support_case()
     assert (on_support - bound) / on_support > 0.12 > (best - bound) / best, "the support plan must miss the gap"
     kept = solve_ilp(ilp, SolveOptions(support_gap=0.12, eliminate_chains=True))
     assert kept.status == highs.SUPPORT_STATUS and kept.mip_gap <= 0.12
@@ -185,16 +185,33 @@ def test_large_costs_are_scaled_for_highs_and_plans_do_not_change():
 
 def test_a_support_draft_stops_at_the_plan_on_the_lp_support():
     """``SolveOptions.support_draft``: the budgeted rounds whose plans the next round replaces
-    (``driver.budget.draft_options``) keep the restricted MIP's plan whatever its gap: no RENS and
-    no full MIP. The same ILP as above: the draft is the best plan on the LP's support (brute
-    force), feasible, with its true gap (over ``support_gap``) reported, never called optimal."""
-    ilp, sizes, _, _, on_support = _far_support_case()
+    (``driver.budget.draft_options``) keep the restricted MIP's plan whatever its gap: no
+    widening, no RENS and no full MIP. The same ILP as above: the draft is the best plan on the
+    LP's support (brute force), feasible, with its true gap (over ``support_gap``) reported, never
+    called optimal."""
+    ilp, sizes, _, _, on_support, _ = _far_support_case()
     draft = solve_ilp(ilp, SolveOptions(support_gap=0.12, support_draft=True, eliminate_chains=True))
     assert draft.status == highs.SUPPORT_STATUS and not draft.optimal
     assert draft.objective == pytest.approx(on_support, rel=1e-9) and draft.mip_gap > 0.12
     assert sizes[np.arange(8), draft.assignment].sum() <= 18.0 + 1e-9
     finished = solve_ilp(ilp, SolveOptions(support_gap=0.12, eliminate_chains=True))
     assert finished.objective < draft.objective - 1e-6  # what finishing it buys (finish_draft)
+
+
+def test_the_lp_support_is_widened_by_the_least_memory_strategies_before_rens():
+    """When the best plan on the LP's support misses ``support_gap`` (and it is no draft), the MIP
+    on the support widened by each group's least-memory strategy comes before RENS; its plan is
+    kept when within the gap. Here (brute force) the support's best plan is 14.3% above the LP
+    bound, the widened support's 13.8%: at ``support_gap=0.14`` the widened plan is the result."""
+    ilp, sizes, bound, _, on_support, support = _far_support_case()
+    wide = [sorted(set(support[g]) | {int(np.argmin(sizes[g]))}) for g in range(8)]
+    on_wide = min(_core.evaluate(ilp, np.array(a)).objective for a in itertools.product(*wide)
+                  if sizes[np.arange(8), np.array(a)].sum() <= 18.0)
+    assert (on_support - bound) / on_support > 0.14 >= (on_wide - bound) / on_wide
+    kept = solve_ilp(ilp, SolveOptions(support_gap=0.14, eliminate_chains=True))
+    assert kept.status == highs.SUPPORT_STATUS and kept.objective == pytest.approx(on_wide, rel=1e-9)
+    assert kept.mip_gap == pytest.approx((on_wide - bound) / on_wide, rel=1e-6)
+    assert sizes[np.arange(8), kept.assignment].sum() <= 18.0 + 1e-9
 
 
 def test_a_restriction_starts_from_the_relaxations_lp_support():

@@ -381,6 +381,18 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
     x = restricted(used, start)
     log.info("alpa_pass: LP-support plan: LP bound %.6g after %.1f s; restricted MIP %s in %.1f s",
              bound, t - t_lp, "none" if x is None else f"gap {gap(x, bound):.3g}", time.perf_counter() - t)
+    if x is None or (gap(x, bound) > target and not options.support_draft):
+        # before RENS (a draft is kept as it is): the LP's support widened by each group's
+        # least-memory strategies, at most CARRIED_NODE_LIMIT nodes (LLaMA-8B 8x8 at 35 GiB: the
+        # support's plan 13.2% above the bound, the widened MIP's 2.9% at its root in 0.8 s, where
+        # RENS took 7.5 s for 8.0%)
+        t = time.perf_counter()
+        wide = used | _least_memory_columns(memory, gs)
+        better = restricted(wide, start if x is None else _groups_of(model, x), target, bound, CARRIED_NODE_LIMIT)
+        log.info("alpa_pass: LP-support plan: with the least-memory strategies %s in %.1f s",
+                 "none" if better is None else f"gap {gap(better, bound):.3g}", time.perf_counter() - t)
+        if better is not None and (x is None or gap(better, bound) < gap(x, bound)):
+            x, used = better, wide
     if (x is None or gap(x, bound) > target) and not (options.support_draft and x is not None):
         # RENS: the groups the LP sets integrally keep that strategy, the others get all of theirs
         t = time.perf_counter()
