@@ -153,6 +153,8 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
         _set_start(h, model, start if reduced is None else reduced.start(start), highspy)
     elif options.support_gap is not None and options.objective_bound is None and _has_one_sided_rows(model):
         space = _ColumnSpace(problem, reduced, model)
+        if candidate is not None:
+            _check_start(problem, candidate)
         if support is not None and support.columns.size != space.gs[-1] - space.gs[0]:
             raise ValueError(f"support has {support.columns.size} columns, the problem {space.gs[-1] - space.gs[0]} "
                              f"group columns")
@@ -277,10 +279,12 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
     its LP relaxation (``SolveOptions.support_gap``), or None when the LP does not solve or no
     restriction below has a plan within the node limit. First the MIP restricted to the group
     strategies the LP uses (and ``candidate``'s: a plan of ``model``, the MIP's first incumbent);
-    when its plan is not within ``support_gap`` of the LP bound (or it has none), the MIP with the
-    groups the LP sets integrally fixed and the others free (RENS), started from that plan and
-    stopped at the first plan within ``support_gap`` of the LP bound (HiGHS ``objective_target``:
-    no clock involved). Every solve starts without the
+    when its plan is not within ``support_gap`` of the LP bound (or it has none) and it is no
+    draft, the same MIP with each group's least-memory strategies too (``CARRIED_NODE_LIMIT``
+    nodes), then, if still not within the gap, the MIP with the groups the LP sets integrally
+    fixed and the others free (RENS), started from the best plan so far; both stopped at the
+    first plan within ``support_gap`` of the LP bound (HiGHS ``objective_target``: no clock
+    involved). Every solve starts without the
     one-sided (memory) rows and adds the ones its solution breaks, ``SUPPORT_ROWS_PER_ROUND`` at a
     time, until none is broken: the LP then has the full LP's optimum, a plan meets every row.
     ``carried``: (a mask over the group columns, a lower bound in the model's units) from the LP
@@ -316,7 +320,8 @@ def _support_plan(model, options: SolveOptions, candidate=None, carried=None):
 
     def restricted(used, start=None, target=None, bound=None, nodes=None):
         """The MIP with the group strategies outside ``used`` (a mask over the group columns) off,
-        stopped at a plan within ``target`` of ``bound`` when given."""
+        stopped at a plan within ``target`` of ``bound`` when given, after ``nodes`` nodes (each
+        solve: memory rows it breaks are added and it is solved again) when given."""
         col_upper = np.asarray(model.col_upper, dtype=np.float64).copy()
         col_upper[gs[0]:gs[-1]][~used] = 0.0
         while True:
