@@ -15,7 +15,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.errors import OptionError, SolverError
-from alpa_pass.solve import highs
+from alpa_pass.solve import highs, support
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
 
@@ -110,8 +110,8 @@ def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
             for r in range(4)]
     ilp = _core.build_ilp(groups, edges, rows=rows)
     model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
-    monkeypatch.setattr(highs, "SUPPORT_ROWS_PER_ROUND", 1)
-    found = highs._support_plan(model, SolveOptions())
+    monkeypatch.setattr(support, "SUPPORT_ROWS_PER_ROUND", 1)
+    found = support.support_plan(model, SolveOptions())
     assert found is not None
     x, bound, gap, _ = found
     assert bound == pytest.approx(highs.lp_bound(ilp), rel=1e-9)
