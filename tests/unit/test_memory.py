@@ -221,6 +221,26 @@ def test_infeasible_budget_names_the_least_peak():
     assert solve_within_budget(ok, least, SolveOptions(), "1x4").assignment is not None
 
 
+def test_an_infeasible_round_is_not_explained_when_the_caller_handles_it(monkeypatch):
+    """``solve_within_budget(explain=False)`` (the reshard-copy rounds and the finish, which back off
+    or keep their last plan): the InfeasibleError comes as found, without the least-memory plan and
+    the lower bound the default message names (GPT-39B 8x8 at 80 GiB: ~40 s per dropped message)."""
+    from alpa_pass.driver import budget as b
+
+    free = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(), [])
+    least = min(rows_peak(free, a) for a in all_assignments(free.ilp))
+    prob = _core.build_sharding_problem(built_graph(mlp()), MESH14, options(least - 1), [])
+    calls = []
+    real = b.least_memory_plan
+    monkeypatch.setattr(b, "least_memory_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with pytest.raises(InfeasibleError) as info:
+        solve_within_budget(prob, least - 1, SolveOptions(), "1x4", explain=False)
+    assert calls == [] and getattr(info.value, "smallest_feasible_bytes", None) is None
+    with pytest.raises(InfeasibleError) as info:
+        solve_within_budget(prob, least - 1, SolveOptions(), "1x4")
+    assert calls == [1] and info.value.smallest_feasible_bytes > 0
+
+
 def test_dropping_dominated_memory_rows_keeps_the_optimum():
     """``redundant_memory_rows``: of four budget rows, the one below another coefficient-wise
     and one of two equal rows are dropped; the optimum is the brute-force one at every budget."""
@@ -525,8 +545,9 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     from alpa_pass.driver import budget as b
     from alpa_pass.solve.highs import SUPPORT_STATUS
 
-    def sol(objective, gap, status=SUPPORT_STATUS, assignment=(0, 1)):
-        return types.SimpleNamespace(objective=objective, mip_gap=gap, status=status, assignment=np.array(assignment))
+    def sol(objective, gap, status=SUPPORT_STATUS, assignment=(0, 1), support=None):
+        return types.SimpleNamespace(objective=objective, mip_gap=gap, status=status, assignment=np.array(assignment),
+                                     support=support)
 
     class Copies:
         def __init__(self, peaks):
@@ -543,8 +564,14 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     options = SolveOptions(support_gap=0.1)
     solves = []
     finished = sol(90.0, 0.05, assignment=(1, 1))
-    monkeypatch.setattr(b, "solve_within_budget", lambda p, budget, o, where, hint=None, candidate=None: solves.append(
-        (budget, o.support_draft, tuple(hint), tuple(candidate))) or finished)
+    queue = []  # results of the next solves, before ``finished``
+
+    def solve(p, budget, o, where, hint=None, candidate=None, support=None, explain=True):
+        assert not explain  # (an InfeasibleError here only ends the finish: no message to compute)
+        solves.append((budget, o.support_draft, tuple(hint), tuple(candidate), support))
+        return queue.pop(0) if queue else finished
+
+    monkeypatch.setattr(b, "solve_within_budget", solve)
     draft = sol(100.0, 0.13)
     # within the gap, or not an LP-support plan, or no budget: kept as is, nothing solved
     for s, budget in ((sol(100.0, 0.05), 100), (sol(100.0, 0.3, status="Optimal"), 100), (draft, None)):
@@ -554,13 +581,26 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     copies = Copies({(1, 1): 99.0})
     p, s = b.finish_draft(copies, problem, draft, 100, options, "2x2")
     assert s is finished and p.counted and copies.added == [((0, 1), None)]
-    assert solves == [(100, False, (0, 1), (0, 1))]  # the full options (no draft), hinted by the draft, its candidate
+    assert solves == [(100, False, (0, 1), (0, 1), None)]  # the full options (no draft), hinted by the draft, its candidate
     # no costlier (e.g. the draft itself, now certified by the new LP bound): kept
     finished = sol(100.0, 0.07, assignment=(0, 1))
     assert b.finish_draft(Copies({(0, 1): 99.0}), problem, draft, 100, options, "2x2")[1] is finished
     finished = sol(90.0, 0.05, assignment=(1, 1))
-    # over the budget with its own copies (or dearer): the draft stays
-    assert b.finish_draft(Copies({(1, 1): 100.5}), problem, draft, 100, options, "2x2") == (problem, draft)
+    # over the budget with its own copies, and so after MAX_COPY_ROUNDS rounds counting them: the draft stays
+    solves.clear()
+    copies = Copies({(1, 1): 100.5})
+    assert b.finish_draft(copies, problem, draft, 100, options, "2x2") == (problem, draft)
+    assert copies.added == [((0, 1), None)] + [((1, 1), None)] * b.MAX_COPY_ROUNDS
+    assert [s[2:4] for s in solves] == [((0, 1), (0, 1))] + [((1, 1), (0, 1))] * b.MAX_COPY_ROUNDS
+    # ... unless a round with them counted finds one that fits: kept, solved from the last round's support
+    solves.clear()
+    queue.append(sol(95.0, 0.05, assignment=(1, 1), support="lp support"))
+    finished = sol(97.0, 0.06, assignment=(1, 0))
+    copies = Copies({(1, 1): 100.5, (1, 0): 99.0})
+    p, s = b.finish_draft(copies, problem, draft, 100, options, "2x2")
+    assert s is finished and copies.added == [((0, 1), None), ((1, 1), None)]
+    assert solves[1][2:] == ((1, 1), (0, 1), "lp support")
+    finished = sol(90.0, 0.05, assignment=(1, 1))
     finished = sol(120.0, 0.05, assignment=(1, 1))
     assert b.finish_draft(Copies({(1, 1): 50.0}), problem, draft, 100, options, "2x2") == (problem, draft)
     # rows tightened below the budget by the copy rounds: the finish solves at the rows' bound
