@@ -1,12 +1,10 @@
 """Solve an ``IlpProblem`` (the C++ core's named CSC arrays) with HiGHS through highspy."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from types import SimpleNamespace
@@ -17,6 +15,7 @@ import numpy as np
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve import eliminate
+from alpa_pass.solve.highs_io import _check_start, _highs, _pass_model, _quiet_stdout, _run, _set_start
 from alpa_pass.solve.support import ColumnSpace, Support, groups_of, support_plan
 
 log = logging.getLogger(__name__)
@@ -194,39 +193,9 @@ def _solution(problem, reduced, model, x, status, optimal, gap, elapsed, log, ti
                     solved_size=(int(model.num_cols), int(model.num_rows)))
 
 
-def _run(h, highspy) -> None:
-    if h.run() == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
-        # HiGHS's thread pool is global: another Highs in this process started it with a different
-        # thread count, so the "threads" option is refused. Restart the pool and solve again.
-        h.resetGlobalScheduler(True)
-        h.run()
-
-
 def _has_one_sided_rows(model) -> bool:
     lower, upper = np.asarray(model.row_lower), np.asarray(model.row_upper)
     return bool((np.isneginf(lower) & np.isfinite(upper)).any())
-
-
-def _highs(options: SolveOptions, presolve: bool):
-    """A quiet Highs with ``options``' limits and heuristics (``presolve`` as given)."""
-    with _quiet_stdout(not options.log_to_console):
-        h = highspy.Highs()  # HiGHS prints a banner from C++ on the first construction
-    h.setOptionValue("output_flag", bool(options.log_to_console))
-    h.setOptionValue("log_to_console", bool(options.log_to_console))
-    h.setOptionValue("time_limit", float("inf") if options.time_limit_s is None else float(options.time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(options.rel_gap))
-    h.setOptionValue("threads", int(options.threads))
-    h.setOptionValue("random_seed", int(options.seed))
-    if options.node_limit is not None:
-        h.setOptionValue("mip_max_nodes", int(options.node_limit))
-    h.setOptionValue("presolve", "on" if presolve else "off")
-    # absent before HiGHS 1.10 (an unknown option is refused with a warning; nothing to turn off then)
-    h.setOptionValue("mip_heuristic_run_feasibility_jump", bool(options.feasibility_jump))
-    if not options.sub_mip_heuristics:
-        h.setOptionValue("mip_heuristic_run_rins", False)
-        h.setOptionValue("mip_heuristic_run_rens", False)
-        h.setOptionValue("mip_allow_restart", False)
-    return h
 
 
 # Solution.status of a plan kept by SolveOptions.support_gap (the LP-support MIP's, not the full one's)
@@ -324,44 +293,6 @@ def lp_bound(problem, options: SolveOptions = SolveOptions()) -> float | None:
     return float(h.getInfo().objective_function_value)
 
 
-def _pass_model(h, problem, highspy) -> None:
-    """Hand the CSC arrays to HiGHS in one call (HiGHS uses 32-bit indices)."""
-    a_value = np.asarray(problem.a_value, dtype=np.float64)
-    status = h.passModel(
-        int(problem.num_cols), int(problem.num_rows), int(a_value.size),
-        int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize), float(problem.offset),
-        np.asarray(problem.col_cost, dtype=np.float64), np.asarray(problem.col_lower, dtype=np.float64),
-        np.asarray(problem.col_upper, dtype=np.float64), np.asarray(problem.row_lower, dtype=np.float64),
-        np.asarray(problem.row_upper, dtype=np.float64), np.asarray(problem.a_start, dtype=np.int32),
-        np.asarray(problem.a_index, dtype=np.int32), a_value,
-        np.asarray(problem.integrality, dtype=np.int32))
-    if status == highspy.HighsStatus.kError:
-        raise SolverError("HiGHS rejected the sharding ILP arrays (passModel returned an error); "
-                          "this is a bug in alpa_pass's ILP builder, please report it")
-
-
-def _check_start(problem, start) -> None:
-    """ValueError unless ``start`` has one in-range strategy index per group of ``problem``."""
-    sizes = np.diff(np.asarray(problem.group_var_start, dtype=np.int64))
-    start = np.asarray(start, dtype=np.int64)
-    if start.shape != sizes.shape or (start < 0).any() or (start >= sizes).any():
-        raise ValueError(f"start assignment needs one strategy index per group ({sizes.size} groups, "
-                         f"each below its strategy count), got shape {start.shape}")
-
-
-def _set_start(h, problem, start, highspy) -> None:
-    """Give HiGHS the one-hot group columns of ``start`` (strategy index per group)."""
-    _check_start(problem, start)
-    group_start = np.asarray(problem.group_var_start, dtype=np.int64)
-    start = np.asarray(start, dtype=np.int64)
-    index = np.arange(group_start[0], group_start[-1], dtype=np.int32)
-    value = np.zeros(index.size, dtype=np.float64)
-    value[group_start[:-1] + start - group_start[0]] = 1.0
-    if h.setSolution(int(index.size), index, value) == highspy.HighsStatus.kError:
-        raise SolverError("HiGHS rejected the start assignment (setSolution returned an error); "
-                          "this is a bug in alpa_pass's refinement, please report it")
-
-
 def _read_and_remove(path):
     if path is None:
         return ""
@@ -372,18 +303,3 @@ def _read_and_remove(path):
         os.remove(path)
 
 
-@contextlib.contextmanager
-def _quiet_stdout(enabled: bool):
-    """Silence the C-level stdout (fd 1) while enabled."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)

@@ -2,7 +2,7 @@
 relaxation with its memory rows added as they break, the MIPs restricted to its support (widened,
 then RENS), and the support a solve passes to the next solve of a restriction of its problem
 (``Support``: ``driver.budget``'s reshard-copy rounds). ``solve.highs.solve_ilp`` calls it; the
-HiGHS plumbing it uses lives there (imported when a plan is solved: ``highs`` imports this module).
+HiGHS plumbing both use is ``solve.highs_io``'s.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import highspy
 import numpy as np
 import scipy.sparse
+
+from alpa_pass.solve.highs_io import _highs, _pass_model, _run, _set_start
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,6 @@ def support_plan(model, options, candidate=None, carried=None):
     alone often has no plan), stopped at a plan within ``support_gap`` of that bound, returned
     without an LP. "Strategies used": the restricted MIP's mask and the plan's strategies (None
     for a plan found on ``carried``)."""
-    from alpa_pass.solve.highs import _highs, _pass_model, _run, _set_start  # (highs imports this module)
     lower, upper_rows = np.asarray(model.row_lower), np.asarray(model.row_upper)
     one_sided = np.isneginf(lower) & np.isfinite(upper_rows)
     matrix = scipy.sparse.csc_matrix((np.asarray(model.a_value, dtype=np.float64), np.asarray(model.a_index),
