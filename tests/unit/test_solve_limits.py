@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -122,6 +123,55 @@ def test_support_step_adds_memory_rows_as_they_break(monkeypatch):
     best = min(_core.evaluate(ilp, a).objective for a in plans
                if (sizes[:, np.arange(8), a].sum(axis=1) <= 18.0).all())
     assert bound <= best + 1e-9 <= _core.evaluate(ilp, assignment).objective + 2e-9
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7])
+def test_an_lp_certifying_a_candidate_prices_its_columns_in(seed, caplog):
+    """Given a candidate (``driver.budget.finish_draft``), the LP with memory rows starts from some
+    group columns (the row-free LP's, the candidate's, each group's least-memory ones) and prices
+    the others in by reduced cost: its bound is the full LP's with every row, its plan meets the
+    rows and is no dearer than the candidate (10 groups x 6 strategies, 3 budget rows)."""
+    groups_n, strategies = 10, 6
+    rng = np.random.default_rng(seed)
+    groups = [rng.uniform(0, 1, strategies) for _ in range(groups_n)]
+    edges = [(u, v, rng.uniform(0, 10, (strategies, strategies)))
+             for u, v in itertools.combinations(range(groups_n), 2) if rng.uniform() < 0.5]
+    sizes = rng.uniform(1, 4, (3, groups_n, strategies))
+    candidate = np.argmin(sizes.sum(axis=0), axis=1)
+    upper = sizes[:, np.arange(groups_n), candidate].sum(axis=1).max() * 1.10
+    rows = [(np.repeat(np.arange(groups_n), strategies), np.tile(np.arange(strategies), groups_n), sizes[r].ravel(),
+             -np.inf, upper) for r in range(3)]
+    ilp = _core.build_ilp(groups, edges, rows=rows)
+    model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
+    with caplog.at_level("INFO", logger="alpa_pass.solve.support"):
+        x, bound, _, _ = support.support_plan(model, SolveOptions(), candidate=candidate)
+    priced = [r.getMessage() for r in caplog.records if "priced in" in r.getMessage()]
+    assert len(priced) == 1
+    held, entered = (int(v) for v in re.search(r"(\d+) of 60 group columns priced in \((\d+) by", priced[0]).groups())
+    assert held < 60 and entered > 0  # columns left out, some needed: the pricing decided the bound
+    assert bound == pytest.approx(highs.lp_bound(ilp), rel=1e-9)
+    assignment = np.asarray(_core.decode_assignment(ilp, x))
+    assert (sizes[:, np.arange(groups_n), assignment].sum(axis=1) <= upper + 1e-9).all()
+    assert _core.evaluate(ilp, assignment).objective <= _core.evaluate(ilp, candidate).objective + 1e-9
+
+
+def test_a_priced_lp_that_cannot_meet_the_rows_takes_every_column(caplog):
+    """3 groups x 3 strategies: rows A and B hold only with strategy 2 in every group, a row C makes
+    strategy 2 the largest in total (so not a least-memory one), and the candidate (all 0) breaks
+    row B: the columns first held (0 and 1) admit no LP solution, every column joins, and the bound
+    is the full LP's (a fractional mix: below the one plan's 15)."""
+    groups = [np.array([0.0, 1.0, 5.0]) for _ in range(3)]
+    edges = [(u, v, np.zeros((3, 3))) for u, v in itertools.combinations(range(3), 2)]
+    cols = (np.repeat(np.arange(3), 3), np.tile(np.arange(3), 3))
+    rows = [(*cols, np.tile(values, 3), -np.inf, upper)
+            for values, upper in (([1.0, 10.0, 3.0], 10.0), ([10.0, 1.0, 3.0], 10.0), ([0.0, 0.0, 20.0], 60.0))]
+    ilp = _core.build_ilp(groups, edges, rows=rows)
+    model = highs.without_rows(ilp, np.zeros(0, dtype=np.int64))
+    with caplog.at_level("INFO", logger="alpa_pass.solve.support"):
+        x, bound, _, _ = support.support_plan(model, SolveOptions(), candidate=np.zeros(3, dtype=np.int64))
+    assert any("9 of 9 group columns priced in (0 by reduced cost)" in r.getMessage() for r in caplog.records)
+    assert bound == pytest.approx(highs.lp_bound(ilp), rel=1e-9)
+    assert list(_core.decode_assignment(ilp, x)) == [2, 2, 2]  # the one plan that meets rows A and B
 
 
 def _far_support_case():
