@@ -600,7 +600,7 @@ def test_only_the_last_draft_is_finished_and_the_finish_is_kept_only_when_it_fit
     p, s = b.finish_draft(copies, problem, draft, 100, options, "2x2")
     assert s is finished and copies.added == [((0, 1), None), ((1, 1), None)]
     assert solves[1][2:] == ((1, 1), (0, 1), "lp support")
-    finished = sol(90.0, 0.05, assignment=(1, 1))
+    # dearer than the draft: the draft stays
     finished = sol(120.0, 0.05, assignment=(1, 1))
     assert b.finish_draft(Copies({(1, 1): 50.0}), problem, draft, 100, options, "2x2") == (problem, draft)
     # rows tightened below the budget by the copy rounds: the finish solves at the rows' bound
