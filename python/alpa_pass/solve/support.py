@@ -128,6 +128,7 @@ def support_plan(model, options, candidate=None, carried=None):
     plan = np.zeros(int(gs[-1] - gs[0]), dtype=bool)
     if candidate is not None:
         plan[gs[:-1] - gs[0] + np.asarray(candidate, dtype=np.int64)] = True
+    least_memory = _least_memory_columns(memory, gs)
 
     def broken(x):
         """The memory rows ``x`` breaks that are not in yet, most violated first (at most a round's)."""
@@ -168,10 +169,12 @@ def support_plan(model, options, candidate=None, carried=None):
             start = None  # (it may break the new rows)
 
     target = 0.0 if options.support_gap is None else options.support_gap
-    start = candidate if candidate is not None and not broken(_one_hot(model, candidate)).size else None
+    plan_x = np.zeros(int(model.num_cols))
+    plan_x[gs[0]:gs[-1]] = plan
+    start = candidate if candidate is not None and not broken(plan_x).size else None
     if carried is not None:
         t = time.perf_counter()
-        used = carried[0] | plan | _least_memory_columns(memory, gs)
+        used = carried[0] | plan | least_memory
         x = restricted(used, start, target, carried[1], CARRIED_NODE_LIMIT)
         log.info("alpa_pass: LP-support plan: the MIP restricted to the last LP's support (and the least-memory "
                  "strategies) %s in %.1f s",
@@ -193,7 +196,7 @@ def support_plan(model, options, candidate=None, carried=None):
         if status == highspy.HighsModelStatus.kInfeasible and priced is not None and not priced.all():
             # (the priced columns alone cannot meet the rows: every column in, the plain LP)
             off = np.flatnonzero(~priced)
-            _allow(lp, model, gs[0] + off)
+            _set_bounds(lp, gs[0] + off, model)
             priced[:] = True
             continue
         if status != highspy.HighsModelStatus.kOptimal:
@@ -211,9 +214,8 @@ def support_plan(model, options, candidate=None, carried=None):
                 # cost turns negative (below). The same optimum, a different vertex: only where the
                 # candidate's strategies join the support anyway (LLaMA-8B 8x8 at 35 GiB, the
                 # finish's LP: 4.8 -> 3.3 s, 1107 of 1449 group columns priced in)
-                priced = (x_lp[gs[0]:gs[-1]] > 1e-9) | plan | _least_memory_columns(memory, gs)
-                lp.changeColsBounds(int((~priced).sum()), (gs[0] + np.flatnonzero(~priced)).astype(np.int32),
-                                    np.zeros(int((~priced).sum())), np.zeros(int((~priced).sum())))
+                priced = (x_lp[gs[0]:gs[-1]] > 1e-9) | plan | least_memory
+                _set_bounds(lp, gs[0] + np.flatnonzero(~priced), 0.0)
             new = memory[add]
             lp.addRows(int(add.size), np.full(add.size, -np.inf), bound_of[add], int(new.nnz),
                        new.indptr[:-1].astype(np.int32), new.indices.astype(np.int32), new.data)
@@ -225,7 +227,7 @@ def support_plan(model, options, candidate=None, carried=None):
         enter = ~priced & (reduced_cost < -PRICING_TOLERANCE)
         if not enter.any():
             break  # no column left out can lower the objective: the full LP's optimum
-        _allow(lp, model, gs[0] + np.flatnonzero(enter))
+        _set_bounds(lp, gs[0] + np.flatnonzero(enter), model)
         priced |= enter
         entered += int(enter.sum())
     bound = float(lp.getInfo().objective_function_value)
@@ -245,7 +247,7 @@ def support_plan(model, options, candidate=None, carried=None):
         # support's plan 13.2% above the bound, the widened MIP's 2.9% at its root in 0.8 s, where
         # RENS took 7.5 s for 8.0%)
         t = time.perf_counter()
-        wide = used | _least_memory_columns(memory, gs)
+        wide = used | least_memory
         better = restricted(wide, start if x is None else groups_of(model, x), target, bound, CARRIED_NODE_LIMIT)
         log.info("alpa_pass: LP-support plan: with the least-memory strategies %s in %.1f s",
                  "none" if better is None else f"gap {gap(better, bound):.3g}", time.perf_counter() - t)
@@ -265,11 +267,16 @@ def support_plan(model, options, candidate=None, carried=None):
     return None if x is None else (x, bound, gap(x, bound), used | (x[gs[0]:gs[-1]] > 0.5))
 
 
-def _allow(lp, model, columns) -> None:
-    """Columns ``columns`` of ``lp`` (``model`` relaxed) back to ``model``'s bounds."""
+def _set_bounds(lp, columns, to) -> None:
+    """Columns ``columns`` of ``lp`` fixed at ``to`` (a number), or back to the bounds of ``to`` (the
+    model ``lp`` relaxes)."""
     columns = np.asarray(columns, dtype=np.int32)
-    lp.changeColsBounds(int(columns.size), columns, np.asarray(model.col_lower, dtype=np.float64)[columns],
-                        np.asarray(model.col_upper, dtype=np.float64)[columns])
+    if np.isscalar(to):
+        lower = upper = np.full(columns.size, float(to))
+    else:
+        lower = np.asarray(to.col_lower, dtype=np.float64)[columns]
+        upper = np.asarray(to.col_upper, dtype=np.float64)[columns]
+    lp.changeColsBounds(int(columns.size), columns, lower, upper)
 
 
 def _least_memory_columns(memory, gs) -> np.ndarray:
@@ -278,13 +285,6 @@ def _least_memory_columns(memory, gs) -> np.ndarray:
     total = np.asarray(memory.sum(axis=0)).ravel()[gs[0]:gs[-1]]
     least = np.minimum.reduceat(total, gs[:-1] - gs[0])
     return total <= np.repeat(least, np.diff(gs)) * (1 + 1e-9) + 1e-12
-
-
-def _one_hot(model, plan) -> np.ndarray:
-    """``model``'s column vector with the group columns of ``plan`` (a strategy per group) set."""
-    x = np.zeros(int(model.num_cols))
-    x[np.asarray(model.group_var_start, dtype=np.int64)[:-1] + np.asarray(plan, dtype=np.int64)] = 1.0
-    return x
 
 
 def with_rows(model, rows: scipy.sparse.csr_matrix, keep: np.ndarray) -> SimpleNamespace:
