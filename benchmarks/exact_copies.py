@@ -15,7 +15,9 @@ Here each candidate copy (u, L) gets continuous columns in [0, 1]: r_i = [reader
 pre_i >= pre_{i-1}, pre_i >= r_i (some reader <= i reads L); suf_i >= suf_{i+1}, suf_i >= r_i;
 at reader i's point  wp_i >= pre_i + suf_i - 1 - q;  between readers i and i+1
 ws_i >= pre_i + suf_{i+1} - 1 - q; the memory row of a point counts bytes(u, L) * w there. The
-memory rows push w down, so for a 0/1 plan w is exactly "the copy is live here". Candidates: the
+memory rows push w down, so for a 0/1 plan w is exactly "the copy is live here". A copy with at
+most ``--pairwise`` readers of its layout gets no pre/suf columns: one row per pair of readers
+around each w instead (w >= r_a + r_b - 1 - q, w >= r_a - q at reader a itself). Candidates: the
 values read in a layout that some strategy in the first budgeted solve's LP support reads (and that
 their producer can avoid), at least ``--min-mib`` per device, whose readers span a starting memory
 row. The MIP keeps the group strategies of that LP's support and the first plan's (as the planner's
@@ -28,22 +30,23 @@ plan for the same budget is then finished as usual and printed beside it.
     python benchmarks/exact_copies.py --budget 13 --layers 24 --hidden 2048 --heads 16 --seq 1024 \\
         --vocab 51200 --batch 8 --mesh 2x4 --tied                  # bench_planning.py's GPT 1.3B
 
-s23 (2-core VM; copies >= 4 MiB; the planner's solve time without this experiment's):
-| case | planner: objective, peak, solve | exact copies: objective, peak, MIP |
-| LLaMA-8B 8x8, 30 GiB | 5.0714e10, 28.12 GiB, 21-24 s | 4.9748e10 (-1.9%), 29.92 GiB, 28 + 30 s |
-| LLaMA-8B 8x8, 33 GiB | 3.9482e10, 33.00 GiB, 12-14 s | 4.3875e10 (+11.1%), 32.56 GiB, 32 + 34 s |
-| LLaMA-8B 8x8, 35 GiB | 3.8301e10, 34.80 GiB, 10 s | 3.8331e10 (+0.1%), 34.64 GiB, 28 s |
-| GPT 1.3B 2x4, 12 GiB | 1.6405e10, 11.15 GiB, 24-25 s | 1.4221e10 (-13.3%), 11.99 GiB, 8.5 s |
-| GPT 1.3B 2x4, 13 GiB | 1.5122e10, 12.39 GiB, 24-26 s | 1.2429e10 (-17.8%), 12.99 GiB, 9.7 s |
-| GPT 1.3B 2x4, 14 GiB | 1.1155e10, 13.83 GiB, 13 s | 1.1375e10 (+2.0%), 14.00 GiB, 16 s |
-| GPT 1.3B 2x4, 15 GiB | 1.0434e10, 14.76 GiB, 23-25 s | 1.0272e10 (-1.6%), 14.98 GiB, 23 s |
+s23 (2-core VM; copies >= 4 MiB; --pairwise 4, the default; the planner's copy rounds and finish
+beside the MIP that would replace them; the planner's whole budgeted solve in brackets):
+| case | planner: objective, peak, rounds (solve) | exact copies: objective, peak, build + MIP |
+| LLaMA-8B 8x8, 30 GiB | 5.0714e10, 28.12 GiB, 14.8 s (22 s) | 4.9748e10 (-1.9%), 29.92 GiB, 3.1 + 7.1 s |
+| LLaMA-8B 8x8, 33 GiB | 3.9482e10, 33.00 GiB, 6.3 s (13 s) | 4.3875e10 (+11.1%), 32.56 GiB, 3.2 + 10.1 s |
+| LLaMA-8B 8x8, 35 GiB | 3.8301e10, 34.80 GiB, 0 s (11 s) | 3.8331e10 (+0.1%), 34.64 GiB, 2.7 + 0.5 s |
+| GPT 1.3B 2x4, 12 GiB | 1.6405e10, 11.15 GiB, 13.7 s (24 s) | 1.4221e10 (-13.3%), 11.99 GiB, 1.1 + 2.2 s |
+| GPT 1.3B 2x4, 13 GiB | 1.5122e10, 12.39 GiB, 16.1 s (25 s) | 1.2429e10 (-17.8%), 12.99 GiB, 1.5 + 5.5 s |
+| GPT 1.3B 2x4, 14 GiB | 1.1155e10, 13.83 GiB, 7.0 s (12 s) | 1.1375e10 (+2.0%), 14.00 GiB, 1.8 + 1.3 s |
+| GPT 1.3B 2x4, 15 GiB | 1.0434e10, 14.76 GiB, 17.0 s (23 s) | 1.0272e10 (-1.6%), 14.98 GiB, 2.0 + 6.3 s |
 The rows' peak is the plan's real peak (to the 4 MiB cut: GPT 14 GiB rows 13.99, real 14.00); the
 LP support alone had no plan in 5 of 7 cases (each group's least-memory strategies joined it).
 Where the planner tightened its rows (GPT 12-13 GiB) it left 13-18% of the objective unused under
-the budget; elsewhere its rounds found cheaper strategies than this one restricted MIP sees. The
-MIP works mostly at its root: the AND rows' LP relaxation is weak (fractional readers give w = 0),
-so it is 8-66 s against the planner's whole budgeted solve of 10-26 s. With an LP support from the
-unreduced LP (an earlier version of this experiment) LLaMA 30 GiB went to 4.7615e10 in 16 s.
+the budget; elsewhere its rounds found cheaper strategies than this one restricted MIP sees. With
+prefix/suffix columns for every copy (--pairwise 0) the same plans took 8.5-66 s of MIP (LLaMA 30
+GiB 28 + 30 s): the pairwise rows are what makes it fast. With an LP support from the unreduced LP
+(an earlier version of this experiment) LLaMA 30 GiB went to 4.7615e10.
 """
 from __future__ import annotations
 
@@ -75,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--mesh", default="8x8")
     p.add_argument("--tied", action="store_true", help="tied embeddings (bench_planning.py's GPT)")
+    p.add_argument("--pairwise", type=int, default=4,
+                   help="copies with at most this many readers of their layout get one row per reader pair "
+                        "instead of the prefix/suffix columns")
     p.add_argument("--log", action="store_true", help="print the planner's INFO log")
     return p.parse_args(argv)
 
@@ -95,7 +101,7 @@ def _constants(graph) -> np.ndarray:
 class CopyColumns:
     """The candidate copies' columns and rows over ``problem.ilp``'s columns (see the module doc)."""
 
-    def __init__(self, problem, graph, mesh_shape, used, points, min_bytes):
+    def __init__(self, problem, graph, mesh_shape, used, points, min_bytes, pairwise=0):
         gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
         group = np.asarray(problem.node_group)
         off = np.asarray(problem.strategy_offsets)
@@ -108,11 +114,14 @@ class CopyColumns:
                 if not constant[u]:
                     readers.setdefault(u, []).append((v, t))
         self.first = int(problem.ilp.num_cols)
+        self.pairwise = pairwise  # values with at most this many readers of a layout: pairwise rows
         self.count = 0
         self.rows = []    # ([(column, coefficient)], lower bound): each a ">=" row
         self.terms = []   # (first point, last point, column, bytes): counted in the memory rows there
         self.candidates = 0
-        self.records = []  # (reads per reader, has, pre, suf, [(w, first reader, second reader)])
+        # (reads per reader, has, pre, suf, [(w, first reader, second reader)]); pairwise ones:
+        # (reads, has, None, None, [(w, [(reader a, reader b)])])
+        self.records = []
         points = np.sort(np.asarray(points))
         for u, rs in readers.items():
             u_cols = gs[group[u]] + np.arange(off[u + 1] - off[u])
@@ -142,9 +151,26 @@ class CopyColumns:
     def _add(self, order, reads, has, per_device):
         self.candidates += 1
         m = len(order)
+        q = [(c, 1.0) for c in has]
+        if m <= self.pairwise:
+            # each w >= r_a + r_b - 1 - q for every pair of readers around it (r_a - q for a = b)
+            ws = []
+            for i in range(m):
+                spans = [((order[i], order[i]), [(a, b) for a in range(i + 1) for b in range(i, m)])]
+                if i + 1 < m and order[i + 1] > order[i] + 1:
+                    spans.append(((order[i] + 1, order[i + 1] - 1),
+                                  [(a, b) for a in range(i + 1) for b in range(i + 1, m)]))
+                for (first, last), pairs in spans:
+                    w = self._column()
+                    for a, b in pairs:
+                        r = [(c, -1.0) for c in reads[a]] + ([] if a == b else [(c, -1.0) for c in reads[b]])
+                        self.rows.append(([(w, 1.0)] + r + q, 0.0 if a == b else -1.0))
+                    self.terms.append((first, last, w, per_device))
+                    ws.append((w, pairs))
+            self.records.append((reads, has, None, None, ws))
+            return
         pre = [self._column() for _ in range(m)]
         suf = [self._column() for _ in range(m)]
-        q = [(c, 1.0) for c in has]
         for i in range(m):
             r = [(c, -1.0) for c in reads[i]]
             self.rows.append(([(pre[i], 1.0)] + r, 0.0))
@@ -186,6 +212,10 @@ class CopyColumns:
         for reads, has, pre, suf, ws in self.records:
             r = [float(x[cols].sum()) for cols in reads]
             q = float(x[has].sum())
+            if pre is None:  # pairwise
+                for w, pairs in ws:
+                    x[w] = max(0.0, max(r[a] - q if a == b else r[a] + r[b] - 1.0 - q for a, b in pairs))
+                continue
             x[pre] = np.maximum.accumulate(r)
             x[suf] = np.maximum.accumulate(r[::-1])[::-1]
             for w, i, j in ws:
@@ -202,7 +232,8 @@ def _least_memory_columns(memory, gs) -> np.ndarray:
     return out
 
 
-def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, least_memory=False) -> dict:
+def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, least_memory=False,
+                    pairwise=4) -> dict:
     """The restricted MIP with ``CopyColumns`` (module doc) and what came of it."""
     import highspy
     import scipy.sparse as sp
@@ -224,7 +255,7 @@ def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, lea
     if least_memory:
         used |= _least_memory_columns(memory, gs)
     active = np.sort(np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS])
-    copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes)
+    copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes, pairwise)
     n0, n = int(ilp.num_cols), int(ilp.num_cols) + copies.count
     base = sp.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
                          shape=(int(ilp.num_rows), n0))
@@ -337,11 +368,12 @@ def main(argv=None) -> int:
 
     def experiment(graph, problem, solution):
         out = {"narrow": None}
-        found = exact_copy_plan(problem, graph, solution, budget, mesh_shape, args.min_mib * 2**20)
+        found = exact_copy_plan(problem, graph, solution, budget, mesh_shape, args.min_mib * 2**20,
+                                pairwise=args.pairwise)
         if "objective" not in found:  # the LP's support alone has no plan: widen it
             out["narrow"] = found
             found = exact_copy_plan(problem, graph, solution, budget, mesh_shape, args.min_mib * 2**20,
-                                    least_memory=True)
+                                    least_memory=True, pairwise=args.pairwise)
         out["exact"] = found
         return out
 

@@ -25,15 +25,25 @@ def captured():
     return seen["graph"], seen["problem"], seen["solution"], budget, plan
 
 
-def test_copy_columns_count_each_plans_reshard_copies_exactly(captured):
+@pytest.mark.parametrize("pairwise", [0, 3])  # prefix/suffix columns for all; pairwise rows up to 3 readers
+def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise):
     graph, problem, solution, _, _ = captured
     gs = np.asarray(problem.ilp.group_var_start)
     points = np.asarray(problem.memory_row_points)
-    copies = exact_copies.CopyColumns(problem, graph, MESH, np.ones(int(gs[-1]), dtype=bool), points, 0.0)
+    copies = exact_copies.CopyColumns(problem, graph, MESH, np.ones(int(gs[-1]), dtype=bool), points, 0.0,
+                                      pairwise)
+    assert any(r[2] is None for r in copies.records) == bool(pairwise)
     assert copies.candidates > 0
     indptr, indices, data = problem.memory_row_matrix(None)
     rows = sp.csr_matrix((data, indices, indptr), shape=(points.size, copies.first))
     rows = sp.hstack([rows, sp.csr_matrix((points.size, copies.count))]).tocsr() + copies.in_memory_rows(points)
+    r_, c_, v_ = zip(*[(i, col, x) for i, (terms, _) in enumerate(copies.rows) for col, x in terms])
+    defining = sp.csr_matrix((v_, (r_, c_)), shape=(len(copies.rows), copies.first + copies.count))
+    lower = np.asarray([b for _, b in copies.rows])
+    by_column = defining.tocsc()
+    plus_one = [by_column.indices[by_column.indptr[c]:by_column.indptr[c + 1]][
+        by_column.data[by_column.indptr[c]:by_column.indptr[c + 1]] == 1.0]
+        for c in range(copies.first, copies.first + copies.count)]
     rng = np.random.default_rng(0)
     plans = [np.asarray(solution.assignment, dtype=np.int64)] + [
         np.asarray([rng.integers(0, gs[g + 1] - gs[g]) for g in range(gs.size - 1)], dtype=np.int64)
@@ -46,13 +56,23 @@ def test_copy_columns_count_each_plans_reshard_copies_exactly(captured):
         with_copies += bool(made)
         want = problem.memory_row_activity(plan) + np.asarray(
             [sum(b for _, _, _, a, e, b in made if a <= t <= e) for t in points])
-        np.testing.assert_allclose(rows @ copies.least_values(x), want, rtol=1e-12, atol=0)
+        least = copies.least_values(x)
+        np.testing.assert_allclose(rows @ least, want, rtol=1e-12, atol=0)
+        # and those values are what the copy rows allow: each copy column at the largest lower
+        # bound the rows with +1 on it give (0 if none)
+        slack = defining @ least - lower
+        assert slack.min() >= -1e-12
+        for c in range(copies.first, copies.first + copies.count):
+            at = plus_one[c - copies.first]
+            assert least[c] == pytest.approx(max(0.0, least[c] - slack[at].min()) if at.size else 0.0, abs=1e-12)
     assert with_copies >= 5  # the check is about copies: most of these plans make some
 
 
-def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured):
+@pytest.mark.parametrize("pairwise", [0, 4])
+def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured, pairwise):
     graph, problem, solution, budget, _ = captured
-    found = exact_copies.exact_copy_plan(problem, graph, solution, budget, MESH, 0.0, least_memory=True)
+    found = exact_copies.exact_copy_plan(problem, graph, solution, budget, MESH, 0.0, least_memory=True,
+                                         pairwise=pairwise)
     assert "objective" in found, found
     # the rows' peak is the plan's real peak, every reshard copy included
     assert found["rows_peak"] == pytest.approx(found["peak"], rel=1e-9)
