@@ -223,15 +223,6 @@ class CopyColumns:
         return x
 
 
-def _least_memory_columns(memory, gs) -> np.ndarray:
-    """Each group's strategies with the least total over the memory rows (solve.support's rule)."""
-    total = np.asarray(memory.sum(axis=0)).ravel()[:gs[-1]]
-    least = np.minimum.reduceat(total[gs[0]:], gs[:-1] - gs[0])
-    out = np.zeros(int(gs[-1]), dtype=bool)
-    out[gs[0]:] = total[gs[0]:] <= np.repeat(least, np.diff(gs)) * (1 + 1e-9) + 1e-12
-    return out
-
-
 def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, least_memory=False,
                     pairwise=4) -> dict:
     """The restricted MIP with ``CopyColumns`` (module doc) and what came of it."""
@@ -239,6 +230,7 @@ def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, lea
     import scipy.sparse as sp
 
     from alpa_pass import _core
+    from alpa_pass.solve.support import _least_memory_columns
 
     t0 = time.perf_counter()
     ilp = problem.ilp
@@ -252,8 +244,8 @@ def exact_copy_plan(problem, graph, solution, budget, mesh_shape, min_bytes, lea
     points = np.asarray(problem.memory_row_points)
     indptr, indices, data = problem.memory_row_matrix(None)
     memory = sp.csr_matrix((data, indices, indptr), shape=(problem.num_memory_rows, int(ilp.num_cols)))
-    if least_memory:
-        used |= _least_memory_columns(memory, gs)
+    if least_memory:  # (the planner's widened restricted MIP's rule)
+        used[gs[0]:] |= _least_memory_columns(memory, gs)
     active = np.sort(np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS])
     copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes, pairwise)
     n0, n = int(ilp.num_cols), int(ilp.num_cols) + copies.count
