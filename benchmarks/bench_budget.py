@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import planner_log, simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import copy_rounds_only, planner_log, simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -38,6 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=600.0, help="solver time limit (s)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "budget"))
     p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
+    p.add_argument("--copy-rounds-only", action="store_true",
+                   help="fit budgeted plans with the reshard-copy rounds only (no exact-copy plan first)")
     return p.parse_args(argv)
 
 
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
     simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
     if args.log:
         planner_log()
+    if args.copy_rounds_only:
+        copy_rounds_only()
     import jax
 
     from zoo import gpt

@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import planner_log, simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import copy_rounds_only, planner_log, simulate_cpu_devices  # noqa: E402
 ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
 SMALL_SUITE = (("mlp3", "2x4"), ("mlp3", "2x2x2"), ("gpt2", "2x4"), ("gpt2", "2x2x2"))
 
@@ -64,6 +64,8 @@ def parse_args(argv=None):
                    help="memory_budget_per_device in GiB (default: none); e.g. 80 for an 80 GiB GPU")
     p.add_argument("--json", default=None, help="write the result to this file (single case)")
     p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
+    p.add_argument("--copy-rounds-only", action="store_true",
+                   help="fit budgeted plans with the reshard-copy rounds only (no exact-copy plan first)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
 
@@ -189,6 +191,8 @@ def _write(result, out_dir: str, name: str, path: str | None = None) -> str:
 def run_single(args) -> int:
     mesh_shape = _mesh_shape(args.mesh)
     simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
+    if args.copy_rounds_only:
+        copy_rounds_only()
     from zoo import gpt
 
     config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,

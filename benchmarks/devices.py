@@ -26,3 +26,11 @@ def planner_log() -> None:
     """Print the planner's INFO log (row rounds, LP-support bounds and times) with timestamps."""
     logging.basicConfig(format="%(asctime)s %(message)s")
     logging.getLogger("alpa_pass").setLevel(logging.INFO)
+
+
+def copy_rounds_only() -> None:
+    """Fit budgeted plans with the reshard-copy rounds only, without the exact-copy plan first
+    (``alpa_pass.driver.budget.EXACT_COPY_PLAN``; ``--copy-rounds-only``: the figures before it)."""
+    from alpa_pass.driver import budget
+
+    budget.EXACT_COPY_PLAN = False

@@ -198,6 +198,11 @@ void bind_problem(nb::module_& m) {
                    "int64[L]: first program point (node) where each value is live.")
       .def_prop_ro("live_end", [](const ShardingProblem& p) { return view(p, p.memory.end); },
                    "int64[L]: last program point where each value is live (inclusive).")
+      .def_prop_ro("memory_constant", [](const ShardingProblem& p) {
+        return to_numpy(std::vector<uint8_t>(p.memory.constant.begin(), p.memory.constant.end()),
+                        {p.memory.constant.size()});
+      }, kOwned, "uint8[N]: 1 where the node's value is a constant expression: never counted, nor any copy of it\n"
+                 "(memory.h).")
       .def_prop_ro("memory_points", [](const ShardingProblem& p) {
         return view(p, p.memory.points);
       }, "int64[P]: program points with a maximal live set.")

@@ -1,11 +1,16 @@
-"""benchmarks/exact_copies.py (issue #15's experiment): its copy columns count every reshard copy
-exactly, row by row, for any plan, and its restricted MIP's plan meets the budget with every copy
-(the rows' peak is the plan's real peak)."""
+"""driver.exact_copies (issue #15): copy columns that count every reshard copy exactly, row by row,
+for any plan; the restricted MIP's plan meets the budget with every copy (the rows' peak is the
+plan's real peak); and the planner keeps the cheaper of it and the copy rounds' plan."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from benchmarks import exact_copies
+import alpa_pass as ap
+from alpa_pass.driver import budget as budget_module
+from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution
+from alpa_pass.driver.jit import make_plan
+from alpa_pass.driver.memory_rows import memory_row_matrix
+from alpa_pass.solve.highs import SolveOptions
 from benchmarks.bench_planning import abstract_inputs
 from zoo import default_optimizer, gpt
 
@@ -13,33 +18,52 @@ CONFIG = gpt.Config(vocab=512, seq=64, hidden=64, heads=4, layers=2, batch=8, ti
 MESH = (2, 4)
 
 
+def _plan(budget, exact=True, seen=None):
+    """The tiny GPT planned on MESH under ``budget`` (``budget.EXACT_COPY_PLAN = exact``); ``seen``
+    gets the graph, problems and first budgeted plan ``exact_copy_fit`` was given, and its result."""
+    optimizer = default_optimizer()
+    fit, mode = budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN
+
+    def capture(copies, base, problem, solution, *args):
+        out = fit(copies, base, problem, solution, *args)
+        if seen is not None:
+            seen.update(graph=copies.graph, base=base, problem=problem, solution=solution, exact=out,
+                        counted=len(copies))
+        return out
+
+    budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = capture, exact
+    try:
+        plan, _, _ = make_plan(gpt.make_train_step(optimizer, CONFIG), abstract_inputs(CONFIG, optimizer),
+                               ap.LogicalMesh(shape=MESH), ap.AutoShardingOption(memory_budget_per_device=budget),
+                               donate_argnums=(0,))
+    finally:
+        budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = fit, mode
+    return plan
+
+
 @pytest.fixture(scope="module")
 def captured():
-    optimizer = default_optimizer()
-    step, args = gpt.make_train_step(optimizer, CONFIG), abstract_inputs(CONFIG, optimizer)
-    free, _ = exact_copies.plan_and_capture(step, args, MESH, None)
+    free = _plan(None)
     budget = int(free.predicted_peak_bytes * 0.6)
-    plan, seen = exact_copies.plan_and_capture(step, args, MESH, budget)
-    assert "problem" in seen, "the free plan met the budget: no budgeted solve to capture"
+    seen: dict = {}
+    plan = _plan(budget, True, seen)
+    assert "solution" in seen, "the free plan met the budget: no budgeted solve to capture"
     assert seen["counted"] == 0  # (the free plan is too far over the budget to have its copies counted)
-    return seen["graph"], seen["problem"], seen["solution"], budget, plan
+    return seen, budget, plan
 
 
 @pytest.mark.parametrize("pairwise", [0, 3])  # prefix/suffix columns for all; pairwise rows up to 3 readers
 def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise):
-    graph, problem, solution, _, _ = captured
+    seen, _, _ = captured
+    graph, problem, solution = seen["graph"], seen["base"], seen["solution"]
     gs = np.asarray(problem.ilp.group_var_start)
     points = np.asarray(problem.memory_row_points)
-    copies = exact_copies.CopyColumns(problem, graph, MESH, np.ones(int(gs[-1]), dtype=bool), points, 0.0,
-                                      pairwise)
+    copies = CopyColumns(problem, graph, MESH, np.ones(int(problem.ilp.num_cols), dtype=bool), points, 0.0, pairwise)
     assert any(r[2] is None for r in copies.records) == bool(pairwise)
     assert copies.candidates > 0
-    indptr, indices, data = problem.memory_row_matrix(None)
-    rows = sp.csr_matrix((data, indices, indptr), shape=(points.size, copies.first))
-    rows = sp.hstack([rows, sp.csr_matrix((points.size, copies.count))]).tocsr() + copies.in_memory_rows(points)
-    r_, c_, v_ = zip(*[(i, col, x) for i, (terms, _) in enumerate(copies.rows) for col, x in terms])
-    defining = sp.csr_matrix((v_, (r_, c_)), shape=(len(copies.rows), copies.first + copies.count))
-    lower = np.asarray([b for _, b in copies.rows])
+    rows = sp.hstack([memory_row_matrix(problem), sp.csr_matrix((points.size, copies.count))]).tocsr() \
+        + copies.in_memory_rows(points)
+    defining, lower = copies.row_matrix(), copies.row_lower
     by_column = defining.tocsc()
     plus_one = [by_column.indices[by_column.indptr[c]:by_column.indptr[c + 1]][
         by_column.data[by_column.indptr[c]:by_column.indptr[c + 1]] == 1.0]
@@ -68,15 +92,46 @@ def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise
     assert with_copies >= 5  # the check is about copies: most of these plans make some
 
 
-@pytest.mark.parametrize("pairwise", [0, 4])
-def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured, pairwise):
-    graph, problem, solution, budget, _ = captured
-    found = exact_copies.exact_copy_plan(problem, graph, solution, budget, MESH, 0.0, least_memory=True,
-                                         pairwise=pairwise)
-    assert "objective" in found, found
-    # the rows' peak is the plan's real peak, every reshard copy included
-    assert found["rows_peak"] == pytest.approx(found["peak"], rel=1e-9)
-    assert found["peak"] <= budget * (1 + 1e-9)
-    # a plan of the problem whose LP (memory rows, no copies) is a relaxation: never below its bound
-    assert solution.support is not None
-    assert found["objective"] >= solution.support.bound * (1 - 1e-9)
+def test_the_first_budgeted_plan_does_not_fit_with_its_copies(captured):
+    # (the premise of the tests below: copies decide whether the plan fits)
+    seen, budget, _ = captured
+    base, solution = seen["base"], seen["solution"]
+    plan = np.asarray(solution.assignment, dtype=np.int64)
+    assert base.memory_row_activity(plan).max() <= budget * (1 + 1e-9)
+    assert base.predicted_peak(plan)[0] > budget
+
+
+@pytest.mark.parametrize("least_memory", [False, True])
+def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured, least_memory):
+    seen, budget, _ = captured
+    base, solution = seen["base"], seen["solution"]
+    found = exact_copy_solution(base, seen["graph"], solution, MESH, SolveOptions(), "2x4", least_memory,
+                                min_bytes=0.0)
+    if found is None:
+        assert not least_memory  # (the LP's support alone may admit no plan; with least-memory strategies it must)
+        return
+    assert found.status == EXACT_STATUS
+    peak = base.predicted_peak(found.assignment)[0]
+    assert peak <= budget * (1 + 1e-9)
+    # a plan of a restriction of the first budgeted LP (memory rows, no copies): never below its bound
+    assert found.objective >= solution.support.bound * (1 - 1e-9)
+    assert found.mip_gap == pytest.approx((found.objective - solution.support.bound) / found.objective)
+    # the strategies are the LP support's, the first plan's or (least_memory) the least-memory ones
+    gs = np.asarray(base.ilp.group_var_start)
+    chosen = gs[:-1] + found.assignment - gs[0]
+    if not least_memory:
+        assert (solution.support.columns[chosen] | (found.assignment == solution.assignment)).all()
+
+
+def test_the_planner_keeps_the_exact_plan_within_the_gap_else_the_cheaper(captured):
+    seen, budget, plan = captured
+    rounds = _plan(budget, exact=False)
+    assert plan.predicted_peak_bytes <= budget * (1 + 1e-9)
+    assert rounds.predicted_peak_bytes <= budget * (1 + 1e-9)
+    exact = seen["exact"]
+    assert exact is not None  # (the case is chosen so the exact-copy MIP has a plan)
+    if exact.mip_gap <= ap.AutoShardingOption().solver_support_gap:
+        assert plan.solver_status == EXACT_STATUS
+        assert plan.objective == pytest.approx(exact.objective, rel=1e-9)
+    else:
+        assert plan.objective == pytest.approx(min(exact.objective, rounds.objective), rel=1e-9)

@@ -160,9 +160,10 @@ class ReshardCopies:
     problem with those of one more plan (``rebuild(row_budget)``: the problem built with
     ``as_list()``, its memory rows bounded by ``row_budget`` or, if None, the option's budget)."""
 
-    def __init__(self, rebuild, mesh_shape):
+    def __init__(self, rebuild, mesh_shape, graph=None):
         self._rebuild = rebuild
         self.mesh_shape = tuple(mesh_shape)
+        self.graph = graph  # the OpGraph the problems are built from (exact_copies' candidates)
         # (consumer, operand, layout) -> [start, end]: the union of the ranges plans gave that copy
         # (its start depends on which earlier consumers read the same layout), in insertion order;
         # one entry per copy, so a copy two plans gave different ranges is not counted twice
@@ -197,6 +198,72 @@ class ReshardCopies:
                 span[0], span[1] = min(span[0], int(start)), max(span[1], int(end))
         self.problem = self._rebuild(row_budget)
         return self.problem
+
+
+# A budgeted plan over the budget with its reshard copies first gets exact_copy_fit's plan (False:
+# the copy rounds only, fit_reshard_copies and finish_draft).
+EXACT_COPY_PLAN = True
+
+
+def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, budget: int | None,
+                      rounds: SolveOptions, options: SolveOptions, where: str) -> tuple:
+    """(problem, solution) whose plan fits ``budget`` with its reshard copies, from the first budgeted
+    plan ``solution`` of ``problem`` (``base``: the problem without counted copies).
+
+    The exact-copy plan (``exact_copy_fit``) is kept when it is within ``options.support_gap`` of the
+    first LP's bound (what the LP-support path accepts: the copy rounds are not run); otherwise the
+    copy rounds (``fit_reshard_copies``, ``rounds``: their options) and ``finish_draft`` run and the
+    cheaper of their plan and the exact-copy one is kept."""
+    exact = exact_copy_fit(copies, base, problem, solution, budget, options, where) if EXACT_COPY_PLAN else None
+    if exact is not None and options.support_gap is not None and exact.mip_gap <= options.support_gap:
+        log.info("alpa_pass: mesh %s: the exact-copy plan is within %g of the LP bound (%.3g); kept without "
+                 "copy rounds", where, options.support_gap, exact.mip_gap)
+        return base, exact
+    try:
+        problem, solution = fit_reshard_copies(copies, problem, solution, budget, rounds, where)
+    except InfeasibleError:
+        if exact is None:
+            raise
+        log.info("alpa_pass: mesh %s: no copy round's plan fits; the exact-copy plan kept", where)
+        return base, exact
+    problem, solution = finish_draft(copies, problem, solution, budget, options, where)
+    if exact is None:
+        return problem, solution
+    keep = exact.objective < solution.objective
+    log.info("alpa_pass: mesh %s: exact-copy plan %.6g, the copy rounds' %.6g: the %s kept", where, exact.objective,
+             solution.objective, "exact-copy plan" if keep else "rounds' plan")
+    return (base, exact) if keep else (problem, solution)
+
+
+def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, budget: int | None,
+                   options: SolveOptions, where: str) -> Solution | None:
+    """The plan of ``driver.exact_copies.exact_copy_solution`` around ``solution`` (a budgeted plan
+    of ``problem``) when ``solution`` does not fit ``budget`` with its reshard copies and that plan
+    does (its peak with every copy, ``predicted_peak``); else None. ``base``: the problem without
+    counted copies (``problem`` may count the free plan's). The restricted MIP keeps the LP
+    support's strategies and the plan's, then, when they admit no plan, each group's least-memory
+    strategies too."""
+    from alpa_pass.driver.exact_copies import exact_copy_solution
+
+    if budget is None or base.num_memory_rows == 0 or copies.graph is None or solution.support is None:
+        return None
+    if copies.seen(problem, solution.assignment) <= budget * (1 + 1e-9):
+        return None
+    for least_memory in (False, True):  # (least-memory strategies first: GPT 1.3B 13 GiB 5 -> 31 s, 3% cheaper)
+        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, least_memory)
+        if found is not None:
+            break
+    if found is None:
+        return None
+    peak = copies.seen(base, found.assignment)
+    if peak > budget * (1 + 1e-9):  # copies below the size cut: once more with room for them
+        log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %s GiB with every copy; solving again with the "
+                 "memory rows %s GiB lower", where, _gib(peak), _gib(peak - budget))
+        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, least_memory,
+                                    limit=budget - (peak - budget))
+        if found is None or copies.seen(base, found.assignment) > budget * (1 + 1e-9):
+            return None
+    return found
 
 
 def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budget: int | None,

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import (ReshardCopies, draft_options, finish_draft, fit_reshard_copies,
-                                     infeasible_error, memory_lower_bound, resolve_budget, solve_within_budget)
+from alpa_pass.driver.budget import (ReshardCopies, draft_options, fit_budgeted_plan, infeasible_error,
+                                     memory_lower_bound, resolve_budget, solve_within_budget)
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -149,8 +149,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
 
     copies = ReshardCopies(  # the copies the memory rows count; rebuilt with rows at another budget
         lambda budget: build(option if budget is None else dataclasses.replace(option, memory_budget_per_device=budget)),
-        mesh.shape)
-    problem = build(option)
+        mesh.shape, graph)
+    problem = base = build(option)
     if len(problem.unpinned_uses):
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
                     len(problem.unpinned_uses), ", ".join(graph.labels[v] for v in problem.unpinned_uses[:8]))
@@ -182,9 +182,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                  where, _restriction(option))
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
                               tied_infeasible or e)
-    problem, solution = fit_reshard_copies(copies, problem, solution, option.memory_budget_per_device, rounds, where)
-    problem, solution = finish_draft(copies, problem, solution, option.memory_budget_per_device,
-                                     option.solve_options(), where)
+    problem, solution = fit_budgeted_plan(copies, base, problem, solution, option.memory_budget_per_device, rounds,
+                                          option.solve_options(), where)
     timings["solve"] = time.perf_counter() - t  # every budgeted round and its rebuilds
     _warn_if_limited(solution, option, where)
     problem, solution, refinement = refine_unmerged(build, problem, solution, option, graph.num_nodes, where)

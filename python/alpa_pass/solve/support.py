@@ -110,7 +110,7 @@ def support_plan(model, options, candidate=None, carried=None):
     when their reduced cost is negative (``PRICING_TOLERANCE``): the same optimum, found faster.
     ``carried``: (a mask over the group columns, a lower bound in the model's units) from the LP
     of a relaxation of ``model`` (``Support``): first the MIP restricted to those strategies, the
-    candidate's and each group's least-memory ones (``_least_memory_columns``: the rows are
+    candidate's and each group's least-memory ones (``least_memory_columns``: the rows are
     tighter than the relaxation's, e.g. more reshard copies counted, and the relaxation's support
     alone often has no plan), stopped at a plan within ``support_gap`` of that bound, returned
     without an LP. "Strategies used": the restricted MIP's mask and the plan's strategies (None
@@ -128,7 +128,7 @@ def support_plan(model, options, candidate=None, carried=None):
     plan = np.zeros(int(gs[-1] - gs[0]), dtype=bool)
     if candidate is not None:
         plan[gs[:-1] - gs[0] + np.asarray(candidate, dtype=np.int64)] = True
-    least_memory = _least_memory_columns(memory, gs)
+    least_memory = least_memory_columns(memory, gs)
 
     def broken(x):
         """The memory rows ``x`` breaks that are not in yet, most violated first (at most a round's)."""
@@ -279,7 +279,7 @@ def _set_bounds(lp, columns, to) -> None:
     lp.changeColsBounds(int(columns.size), columns, lower, upper)
 
 
-def _least_memory_columns(memory, gs) -> np.ndarray:
+def least_memory_columns(memory, gs) -> np.ndarray:
     """A mask over the group columns: each group's strategies with the least total over the memory
     rows ``memory`` (CSR, every column)."""
     total = np.asarray(memory.sum(axis=0)).ravel()[gs[0]:gs[-1]]

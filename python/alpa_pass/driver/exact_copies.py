@@ -1,0 +1,315 @@
+"""A budgeted plan whose memory rows count every reshard copy exactly: one restricted MIP in place
+of the reshard-copy rounds (``driver.budget.fit_reshard_copies``).
+
+The memory rows count values in their own layouts. A consumer reading a value ``u`` in another
+layout ``L`` reads a copy that XLA keeps from the first reader of ``L`` to the last (``_core``
+memory.h "Reshard copies"), unless ``u`` is produced in ``L``. Between two readers ``a < b`` the
+copy exists iff both read ``L`` and the producer does not make it: an AND of three groups' choices,
+which rows over strategy columns cannot express; the copy rounds count the copies a solved plan
+made (an upper bound on later plans, over the range that plan gave them) and solve again.
+
+Here each candidate copy (u, L) gets continuous columns ``w`` in [0, 1], each counted in the memory
+rows of a span of program points at ``bytes(u, L)``. With ``r_i`` = [reader i reads u in L] (a sum
+of its strategy columns) and ``q`` = [u is produced in L]:
+
+* a copy with at most ``PAIRWISE`` readers of ``L``: one ``w`` per reader's point and per gap
+  between readers, with ``w >= r_a + r_b - 1 - q`` for every pair of readers ``a <= i <= b``
+  around it (``w >= r_a - q`` for ``a = b``);
+* with more: prefix/suffix columns ``pre_i >= pre_{i-1}, pre_i >= r_i`` and ``suf_i >= suf_{i+1},
+  suf_i >= r_i``; ``w >= pre_i + suf_j - 1 - q``.
+
+The memory rows push every ``w`` down, so for a 0/1 plan ``w`` is exactly "the copy is live here"
+and the rows' peak is the plan's real peak (to the size cut below). Measured (s23,
+``benchmarks/exact_copies.py``): pairwise rows 8.5-66 s -> 0.5-10 s of MIP against the chain form
+for the same plans.
+
+The MIP is restricted (like ``solve.support``'s): the strategies of the first budgeted solve's LP
+support and its plan (each group's least-memory strategies too when those admit no plan). Its
+memory rows start with the ``START_ROWS`` rows that plan fills most; rows its plan breaks are added
+and it is solved again. Candidates: every value read in a layout some kept strategy reads and its
+producer can avoid, at least ``min_bytes`` per device, whose readers span a starting row. The MIP
+is node-limited (``NODE_LIMIT``), never timed: the plan is a function of the problem.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+
+import numpy as np
+import scipy.sparse
+
+from alpa_pass import _core
+from alpa_pass.driver.memory_rows import memory_row_matrix
+from alpa_pass.solve.highs import Solution
+from alpa_pass.solve.highs_io import _highs
+from alpa_pass.solve.support import least_memory_columns
+
+log = logging.getLogger("alpa_pass")
+
+START_ROWS = 32          # memory rows the first plan fills most: in the MIP from the start
+MAX_ROW_ROUNDS = 6       # re-solves with the rows a plan broke added
+PAIRWISE = 4             # copies with at most this many readers of their layout: pairwise rows
+NODE_LIMIT = 2000        # branch-and-bound nodes per MIP (s23's cases: 1-339)
+MIN_BYTES_FRACTION = 2.0 ** -13  # copies smaller than this fraction of the budget get no columns
+EXACT_STATUS = "exact-copy plan"  # Solution.status of a plan found here
+
+
+class CopyColumns:
+    """The candidate copies' columns and ">=" rows over ``problem.ilp``'s columns (module doc).
+
+    ``used``: a mask over the ILP's columns (the strategies the MIP keeps); ``points``: program
+    points (ascending) of which a candidate's readers must span one; ``graph``: the ``OpGraph``
+    ``problem`` was built from; ``min_bytes``: per device."""
+
+    def __init__(self, problem, graph, mesh_shape, used, points, min_bytes, pairwise=PAIRWISE):
+        gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
+        group = np.asarray(problem.node_group)
+        off = np.asarray(problem.strategy_offsets)
+        outs, ins = np.asarray(problem.out_specs), np.asarray(problem.in_specs)
+        in_off = np.asarray(problem.in_spec_offsets)
+        constant = np.asarray(problem.memory_constant).astype(bool)
+        readers: dict = {}
+        for v in range(graph.num_nodes):
+            for t, u in enumerate(graph.operands(v)):
+                if not constant[u]:
+                    readers.setdefault(u, []).append((v, t))
+        self.first = int(problem.ilp.num_cols)  # the copy columns follow the ILP's
+        self.pairwise = pairwise
+        self.count = 0
+        self.rows = []    # ([(column, coefficient)], lower bound): each a ">=" row
+        self.terms = []   # (first point, last point, column, bytes): counted in the memory rows there
+        self.candidates = 0
+        # (reads per reader, has, pre, suf, ws): ws = [(w, first reader, second reader)]; pairwise
+        # ones: (reads, has, None, None, [(w, [(reader a, reader b)])])
+        self.records = []
+        points = np.sort(np.asarray(points))
+        for u, rs in readers.items():
+            u_cols = gs[group[u]] + np.arange(off[u + 1] - off[u])
+            u_outs = [tuple(s) for s in outs[off[u]:off[u + 1]]]
+            by_layout: dict = {}
+            for v, t in rs:
+                base = gs[group[v]]
+                for k in range(off[v + 1] - off[v]):
+                    if used[base + k]:
+                        by_layout.setdefault(tuple(ins[in_off[off[v] + k] + t]), {}).setdefault(v, []).append(
+                            base + k)
+            size = int(graph.dtype_bytes[u]) * math.prod(graph.shape(u))
+            for layout, by_reader in by_layout.items():
+                per_device = size / math.prod(n for n, d in zip(mesh_shape, layout) if d >= 0)
+                if per_device < min_bytes or all(s == layout or not used[c] for c, s in zip(u_cols, u_outs)):
+                    continue  # too small, or its producer always makes it
+                order = sorted(by_reader)
+                k = np.searchsorted(points, order[0])
+                if k >= points.size or points[k] > order[-1]:
+                    continue  # no starting row between its first and last reader
+                has = [int(c) for c, s in zip(u_cols, u_outs) if s == layout]
+                self._add(order, [sorted(set(by_reader[v])) for v in order], has, per_device)
+
+    def _column(self) -> int:
+        self.count += 1
+        return self.first + self.count - 1
+
+    def _add(self, order, reads, has, per_device):
+        self.candidates += 1
+        m = len(order)
+        q = [(c, 1.0) for c in has]
+        if m <= self.pairwise:
+            ws = []
+            for i in range(m):
+                spans = [((order[i], order[i]), [(a, b) for a in range(i + 1) for b in range(i, m)])]
+                if i + 1 < m and order[i + 1] > order[i] + 1:
+                    spans.append(((order[i] + 1, order[i + 1] - 1),
+                                  [(a, b) for a in range(i + 1) for b in range(i + 1, m)]))
+                for (first, last), pairs in spans:
+                    w = self._column()
+                    for a, b in pairs:
+                        r = [(c, -1.0) for c in reads[a]] + ([] if a == b else [(c, -1.0) for c in reads[b]])
+                        self.rows.append(([(w, 1.0)] + r + q, 0.0 if a == b else -1.0))
+                    self.terms.append((first, last, w, per_device))
+                    ws.append((w, pairs))
+            self.records.append((reads, has, None, None, ws))
+            return
+        pre = [self._column() for _ in range(m)]
+        suf = [self._column() for _ in range(m)]
+        for i in range(m):
+            r = [(c, -1.0) for c in reads[i]]
+            self.rows.append(([(pre[i], 1.0)] + r, 0.0))
+            self.rows.append(([(suf[i], 1.0)] + r, 0.0))
+            if i:
+                self.rows.append(([(pre[i], 1.0), (pre[i - 1], -1.0)], 0.0))
+                self.rows.append(([(suf[i - 1], 1.0), (suf[i], -1.0)], 0.0))
+        ws = []
+        for i in range(m):
+            w = self._column()
+            self.rows.append(([(w, 1.0), (pre[i], -1.0), (suf[i], -1.0)] + q, -1.0))
+            self.terms.append((order[i], order[i], w, per_device))
+            ws.append((w, i, i))
+            if i + 1 < m and order[i + 1] > order[i] + 1:
+                w = self._column()
+                self.rows.append(([(w, 1.0), (pre[i], -1.0), (suf[i + 1], -1.0)] + q, -1.0))
+                self.terms.append((order[i] + 1, order[i + 1] - 1, w, per_device))
+                ws.append((w, i, i + 1))
+        self.records.append((reads, has, pre, suf, ws))
+
+    def row_matrix(self) -> scipy.sparse.csr_matrix:
+        """The ">=" rows (their lower bounds: ``row_lower``) over the ILP's and the copy columns."""
+        entries = [(i, col, x) for i, (terms, _) in enumerate(self.rows) for col, x in terms]
+        r, c, v = zip(*entries) if entries else ((), (), ())
+        return scipy.sparse.csr_matrix((v, (r, c)), shape=(len(self.rows), self.first + self.count))
+
+    @property
+    def row_lower(self) -> np.ndarray:
+        return np.asarray([b for _, b in self.rows], dtype=np.float64)
+
+    def in_memory_rows(self, points) -> scipy.sparse.csr_matrix:
+        """The copy columns' coefficients in the memory rows of ``points`` (ascending: one row each),
+        over the ILP's columns and then the copy columns."""
+        points = np.asarray(points)
+        rows, cols, values = [], [], []
+        for first, last, col, size in self.terms:
+            for row in range(np.searchsorted(points, first), np.searchsorted(points, last, side="right")):
+                rows.append(row)
+                cols.append(col)
+                values.append(size)
+        return scipy.sparse.csr_matrix((values, (rows, cols)), shape=(points.size, self.first + self.count))
+
+    def activity(self, points, x: np.ndarray) -> np.ndarray:
+        """The bytes the copy columns of ``x`` (all columns) count in the memory rows of ``points``
+        (ascending), per row: with ``least_values`` of a plan, the bytes of its copies live there."""
+        if not self.terms:
+            return np.zeros(len(points))
+        first, last, col, size = (np.asarray(t) for t in zip(*self.terms))
+        delta = np.zeros(len(points) + 1)
+        value = size * np.asarray(x)[col.astype(np.int64)]
+        np.add.at(delta, np.searchsorted(points, first), value)
+        np.add.at(delta, np.searchsorted(points, last, side="right"), -value)
+        return np.cumsum(delta)[:-1]
+
+    def least_values(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (the ILP's columns) with the copy columns at the least values their rows allow:
+        for a 0/1 plan, 1 exactly where the copy is live."""
+        x = np.concatenate([np.asarray(x, dtype=np.float64)[:self.first], np.zeros(self.count)])
+        for reads, has, pre, suf, ws in self.records:
+            r = [float(x[cols].sum()) for cols in reads]
+            q = float(x[has].sum())
+            if pre is None:  # pairwise
+                for w, pairs in ws:
+                    x[w] = max(0.0, max(r[a] - q if a == b else r[a] + r[b] - 1.0 - q for a, b in pairs))
+                continue
+            x[pre] = np.maximum.accumulate(r)
+            x[suf] = np.maximum.accumulate(r[::-1])[::-1]
+            for w, i, j in ws:
+                x[w] = max(0.0, x[pre[i]] + x[suf[j]] - 1.0 - q)
+        return x
+
+
+def kept_columns(problem, solution: Solution, least_memory: bool) -> np.ndarray:
+    """The mask over ``problem.ilp``'s columns the restricted MIP keeps: every non-group column,
+    the strategies of ``solution``'s LP support and its plan, and (``least_memory``) each group's
+    least-memory strategies."""
+    gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
+    used = np.zeros(int(problem.ilp.num_cols), dtype=bool)
+    used[:gs[0]] = True
+    used[gs[-1]:] = True
+    if solution.support is not None:
+        used[gs[0]:gs[-1]] = solution.support.columns
+    used[gs[:-1] + np.asarray(solution.assignment, dtype=np.int64)] = True
+    if least_memory:
+        used[gs[0]:gs[-1]] |= least_memory_columns(memory_row_matrix(problem), gs)
+    return used
+
+
+def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options, where: str,
+                        least_memory: bool = False, min_bytes: float | None = None,
+                        limit: float | None = None) -> Solution | None:
+    """The restricted MIP of ``problem`` (its memory rows at ``problem.memory_row_upper``) with every
+    reshard copy of at least ``min_bytes`` per device counted exactly (module doc), around the
+    budgeted plan ``solution`` (its LP support and plan: ``kept_columns``). None when it has no plan
+    (or stops without one at the node limit, or runs past ``options.time_limit_s``). The Solution's
+    ``mip_gap`` is measured from ``solution.support.bound`` (the first budgeted LP's: a relaxation
+    of this MIP), NaN without one; its plan's peak is the rows' (the caller checks the real one).
+    ``limit``: the memory rows' bound in bytes when not ``problem.memory_row_upper`` (room for the
+    copies below the size cut, after a plan they took over the budget)."""
+    t0 = time.perf_counter()
+    ilp = problem.ilp
+    gs = np.asarray(ilp.group_var_start, dtype=np.int64)
+    upper = float(problem.memory_row_upper)
+    if min_bytes is None:
+        min_bytes = upper * MIN_BYTES_FRACTION
+    used = kept_columns(problem, solution, least_memory)
+    points = np.asarray(problem.memory_row_points)
+    plan = np.asarray(solution.assignment, dtype=np.int64)
+    active = np.sort(np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS])
+    copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes)
+    n0, n = int(ilp.num_cols), int(ilp.num_cols) + copies.count
+    base = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
+                                   shape=(int(ilp.num_rows), n0))
+    rows = scipy.sparse.vstack([scipy.sparse.hstack([base, scipy.sparse.csc_matrix((base.shape[0], copies.count))]),
+                                copies.row_matrix()]).tocsr()
+    row_lower = np.concatenate([np.asarray(ilp.row_lower), copies.row_lower])
+    row_upper = np.concatenate([np.asarray(ilp.row_upper), np.full(len(copies.rows), np.inf)])
+    cost = np.concatenate([np.asarray(ilp.col_cost), np.zeros(copies.count)])
+    scale = 2.0 ** -math.ceil(math.log2(max(float(np.abs(cost).max(initial=0.0)), 1e-300) / 1e3))
+    col_upper = np.concatenate([np.asarray(ilp.col_upper), np.ones(copies.count)])
+    col_upper[:n0][~used] = 0.0
+    integrality = np.concatenate([np.asarray(ilp.integrality), np.zeros(copies.count, dtype=np.int8)])
+    limit = upper if limit is None else float(limit)
+    import highspy
+
+    nodes = 0
+    for round_ in range(MAX_ROW_ROUNDS + 1):
+        # the active memory rows, scaled to 1000 (solve.highs.ROW_SCALE_TARGET; costs by a power of two: exact)
+        memory = (scipy.sparse.hstack([memory_row_matrix(problem, active),
+                                       scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
+                  + copies.in_memory_rows(points[active])) * (1000.0 / upper)
+        a = scipy.sparse.vstack([rows, memory]).tocsc()
+        # (presolve on: it removes the strategies the restriction bounds to 0)
+        h = _highs(dataclasses.replace(options, node_limit=NODE_LIMIT), presolve=True)
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n, a.shape[0]
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost * scale, np.zeros(n), col_upper
+        lp.offset_ = float(ilp.offset) * scale
+        lp.row_lower_ = np.concatenate([row_lower, np.full(active.size, -np.inf)])
+        lp.row_upper_ = np.concatenate([row_upper, np.full(active.size, 1000.0 * limit / upper)])
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in integrality]
+        h.passModel(lp)
+        h.run()
+        status = h.getModelStatus()
+        nodes += int(h.getInfo().mip_node_count)
+        x = np.asarray(h.getSolution().col_value)
+        if (status == highspy.HighsModelStatus.kTimeLimit or x.size != n
+                or h.getInfo().primal_solution_status != 2):
+            log.info("alpa_pass: mesh %s: no exact-copy plan on the restricted strategies (%s, %d memory rows)",
+                     where, h.modelStatusToString(status), active.size)
+            return None
+        assignment = np.asarray([int(np.argmax(x[gs[g]:gs[g + 1]])) for g in range(gs.size - 1)], dtype=np.int64)
+        # every row's activity under the plan, its copies (those with columns) included
+        rows_now = problem.memory_row_activity(assignment) + copies.activity(
+            points, copies.least_values(_one_hot(assignment, gs, n0)))
+        over = np.setdiff1d(np.flatnonzero(rows_now > limit * (1 + 1e-9) + 1e-6), active)
+        if not over.size:
+            break
+        if round_ == MAX_ROW_ROUNDS:
+            return None
+        active = np.union1d(active, over)
+    objective = float(_core.evaluate(ilp, assignment).objective)
+    bound = math.nan if solution.support is None else float(solution.support.bound)
+    gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
+    log.info("alpa_pass: mesh %s: exact-copy plan: %d candidate copies (%d columns, %d rows), %d memory rows, "
+             "%d nodes; objective %.6g (%.3g above the LP bound), %.1f s", where, copies.candidates, copies.count,
+             len(copies.rows), active.size, nodes, objective, gap, time.perf_counter() - t0)
+    return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective, status=EXACT_STATUS, optimal=False,
+                    mip_gap=gap, time_limited=False, solve_time_s=time.perf_counter() - t0,
+                    node_limited=nodes >= NODE_LIMIT, solved_size=(n, int(a.shape[0])))
+
+
+def _one_hot(assignment, gs, num_cols) -> np.ndarray:
+    """The ILP's column vector of a plan's group columns (edge columns 0)."""
+    x = np.zeros(num_cols)
+    x[gs[:-1] + np.asarray(assignment, dtype=np.int64)] = 1.0
+    return x
