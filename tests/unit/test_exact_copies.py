@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 import alpa_pass as ap
 from alpa_pass.driver import budget as budget_module
-from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution
+from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix
 from alpa_pass.solve.highs import SolveOptions
@@ -80,6 +80,7 @@ def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise
         with_copies += bool(made)
         want = problem.memory_row_activity(plan) + np.asarray(
             [sum(b for _, _, _, a, e, b in made if a <= t <= e) for t in points])
+        np.testing.assert_allclose(row_peaks(problem, plan), want, rtol=1e-12, atol=0)
         least = copies.least_values(x)
         np.testing.assert_allclose(rows @ least, want, rtol=1e-12, atol=0)
         # and those values are what the copy rows allow: each copy column at the largest lower

@@ -60,8 +60,9 @@ class CopyColumns:
     """The candidate copies' columns and ">=" rows over ``problem.ilp``'s columns (module doc).
 
     ``used``: a mask over the ILP's columns (the strategies the MIP keeps); ``points``: program
-    points (ascending) of which a candidate's readers must span one; ``graph``: the ``OpGraph``
-    ``problem`` was built from; ``min_bytes``: per device."""
+    points (ascending) of which a candidate's readers must span one (``add_spanning`` adds those
+    spanning more points later); ``graph``: the ``OpGraph`` ``problem`` was built from;
+    ``min_bytes``: per device."""
 
     def __init__(self, problem, graph, mesh_shape, used, points, min_bytes, pairwise=PAIRWISE):
         gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
@@ -84,7 +85,7 @@ class CopyColumns:
         # (reads per reader, has, pre, suf, ws): ws = [(w, first reader, second reader)]; pairwise
         # ones: (reads, has, None, None, [(w, [(reader a, reader b)])])
         self.records = []
-        points = np.sort(np.asarray(points))
+        self._waiting = []  # (first reader, last reader, readers, reads, has, bytes): not added yet
         for u, rs in readers.items():
             u_cols = gs[group[u]] + np.arange(off[u + 1] - off[u])
             u_outs = [tuple(s) for s in outs[off[u]:off[u + 1]]]
@@ -101,11 +102,24 @@ class CopyColumns:
                 if per_device < min_bytes or all(s == layout or not used[c] for c, s in zip(u_cols, u_outs)):
                     continue  # too small, or its producer always makes it
                 order = sorted(by_reader)
-                k = np.searchsorted(points, order[0])
-                if k >= points.size or points[k] > order[-1]:
-                    continue  # no starting row between its first and last reader
                 has = [int(c) for c, s in zip(u_cols, u_outs) if s == layout]
-                self._add(order, [sorted(set(by_reader[v])) for v in order], has, per_device)
+                self._waiting.append((order[0], order[-1], order, [sorted(set(by_reader[v])) for v in order], has,
+                                      per_device))
+        self.add_spanning(points)
+
+    def add_spanning(self, points) -> int:
+        """Give columns to the candidates not added yet whose readers span one of ``points``
+        (ascending); how many."""
+        points = np.sort(np.asarray(points))
+        before, waiting = self.candidates, []
+        for first, last, order, reads, has, per_device in self._waiting:
+            k = np.searchsorted(points, first)
+            if k < points.size and points[k] <= last:
+                self._add(order, reads, has, per_device)
+            else:
+                waiting.append((first, last, order, reads, has, per_device))
+        self._waiting = waiting
+        return self.candidates - before
 
     def _column(self) -> int:
         self.count += 1
@@ -175,18 +189,6 @@ class CopyColumns:
                 values.append(size)
         return scipy.sparse.csr_matrix((values, (rows, cols)), shape=(points.size, self.first + self.count))
 
-    def activity(self, points, x: np.ndarray) -> np.ndarray:
-        """The bytes the copy columns of ``x`` (all columns) count in the memory rows of ``points``
-        (ascending), per row: with ``least_values`` of a plan, the bytes of its copies live there."""
-        if not self.terms:
-            return np.zeros(len(points))
-        first, last, col, size = (np.asarray(t) for t in zip(*self.terms))
-        delta = np.zeros(len(points) + 1)
-        value = size * np.asarray(x)[col.astype(np.int64)]
-        np.add.at(delta, np.searchsorted(points, first), value)
-        np.add.at(delta, np.searchsorted(points, last, side="right"), -value)
-        return np.cumsum(delta)[:-1]
-
     def least_values(self, x: np.ndarray) -> np.ndarray:
         """``x`` (the ILP's columns) with the copy columns at the least values their rows allow:
         for a 0/1 plan, 1 exactly where the copy is live."""
@@ -243,23 +245,24 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
     plan = np.asarray(solution.assignment, dtype=np.int64)
     active = np.sort(np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS])
     copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes)
-    n0, n = int(ilp.num_cols), int(ilp.num_cols) + copies.count
+    n0 = int(ilp.num_cols)
     base = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
                                    shape=(int(ilp.num_rows), n0))
-    rows = scipy.sparse.vstack([scipy.sparse.hstack([base, scipy.sparse.csc_matrix((base.shape[0], copies.count))]),
-                                copies.row_matrix()]).tocsr()
-    row_lower = np.concatenate([np.asarray(ilp.row_lower), copies.row_lower])
-    row_upper = np.concatenate([np.asarray(ilp.row_upper), np.full(len(copies.rows), np.inf)])
-    cost = np.concatenate([np.asarray(ilp.col_cost), np.zeros(copies.count)])
-    scale = 2.0 ** -math.ceil(math.log2(max(float(np.abs(cost).max(initial=0.0)), 1e-300) / 1e3))
-    col_upper = np.concatenate([np.asarray(ilp.col_upper), np.ones(copies.count)])
-    col_upper[:n0][~used] = 0.0
-    integrality = np.concatenate([np.asarray(ilp.integrality), np.zeros(copies.count, dtype=np.int8)])
     limit = upper if limit is None else float(limit)
     import highspy
 
     nodes = 0
     for round_ in range(MAX_ROW_ROUNDS + 1):
+        n = n0 + copies.count
+        rows = scipy.sparse.vstack([scipy.sparse.hstack([base, scipy.sparse.csc_matrix((base.shape[0], copies.count))]),
+                                    copies.row_matrix()]).tocsr()
+        row_lower = np.concatenate([np.asarray(ilp.row_lower), copies.row_lower])
+        row_upper = np.concatenate([np.asarray(ilp.row_upper), np.full(len(copies.rows), np.inf)])
+        cost = np.concatenate([np.asarray(ilp.col_cost), np.zeros(copies.count)])
+        scale = 2.0 ** -math.ceil(math.log2(max(float(np.abs(cost).max(initial=0.0)), 1e-300) / 1e3))
+        col_upper = np.concatenate([np.asarray(ilp.col_upper), np.ones(copies.count)])
+        col_upper[:n0][~used] = 0.0
+        integrality = np.concatenate([np.asarray(ilp.integrality), np.zeros(copies.count, dtype=np.int8)])
         # the active memory rows, scaled to 1000 (solve.highs.ROW_SCALE_TARGET; costs by a power of two: exact)
         memory = (scipy.sparse.hstack([memory_row_matrix(problem, active),
                                        scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
@@ -288,15 +291,15 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
                      where, h.modelStatusToString(status), active.size)
             return None
         assignment = np.asarray([int(np.argmax(x[gs[g]:gs[g + 1]])) for g in range(gs.size - 1)], dtype=np.int64)
-        # every row's activity under the plan, its copies (those with columns) included
-        rows_now = problem.memory_row_activity(assignment) + copies.activity(
-            points, copies.least_values(_one_hot(assignment, gs, n0)))
-        over = np.setdiff1d(np.flatnonzero(rows_now > limit * (1 + 1e-9) + 1e-6), active)
+        # every row's activity under the plan with all its copies (those without columns too: a row
+        # they break joins, and the candidates spanning it get columns)
+        over = np.setdiff1d(np.flatnonzero(row_peaks(problem, assignment) > limit * (1 + 1e-9) + 1e-6), active)
         if not over.size:
             break
         if round_ == MAX_ROW_ROUNDS:
             return None
         active = np.union1d(active, over)
+        copies.add_spanning(points[over])
     objective = float(_core.evaluate(ilp, assignment).objective)
     bound = math.nan if solution.support is None else float(solution.support.bound)
     gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
@@ -306,6 +309,24 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
     return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective, status=EXACT_STATUS, optimal=False,
                     mip_gap=gap, time_limited=False, solve_time_s=time.perf_counter() - t0,
                     node_limited=nodes >= NODE_LIMIT, solved_size=(n, int(a.shape[0])))
+
+
+def row_peaks(problem, assignment) -> np.ndarray:
+    """Each memory row's bytes under ``assignment`` (a strategy per group), its reshard copies live
+    at the row's point included (``problem.reshard_copies``): the largest is ``predicted_peak``."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    points = np.asarray(problem.memory_row_points)
+    out = np.asarray(problem.memory_row_activity(assignment), dtype=np.float64).copy()
+    made = problem.reshard_copies(assignment)
+    if made:
+        start = np.searchsorted(points, np.asarray([c[3] for c in made]))
+        end = np.searchsorted(points, np.asarray([c[4] for c in made]), side="right")
+        delta = np.zeros(points.size + 1)
+        size = np.asarray([c[5] for c in made], dtype=np.float64)
+        np.add.at(delta, start, size)
+        np.add.at(delta, end, -size)
+        out += np.cumsum(delta)[:-1]
+    return out
 
 
 def _one_hot(assignment, gs, num_cols) -> np.ndarray:
