@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 import alpa_pass as ap
 from alpa_pass.driver import budget as budget_module
-from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks
+from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks, value_rows
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix
 from alpa_pass.solve.highs import SolveOptions
@@ -91,6 +91,22 @@ def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise
             at = plus_one[c - copies.first]
             assert least[c] == pytest.approx(max(0.0, least[c] - slack[at].min()) if at.size else 0.0, abs=1e-12)
     assert with_copies >= 5  # the check is about copies: most of these plans make some
+
+
+def test_value_rows_are_the_memory_rows_at_their_points_and_bound_every_point(captured):
+    seen, _, _ = captured
+    problem, plan = seen["base"], np.asarray(seen["solution"].assignment, dtype=np.int64)
+    points = np.asarray(problem.memory_row_points)
+    np.testing.assert_allclose(value_rows(problem, points).toarray(), memory_row_matrix(problem).toarray(),
+                               rtol=1e-12, atol=0)
+    # at any point: the bytes of the values live there under the plan (the rows' points hold the most)
+    gs = np.asarray(problem.ilp.group_var_start)
+    x = np.zeros(int(problem.ilp.num_cols))
+    x[gs[:-1] + plan] = 1.0
+    every = np.arange(int(np.asarray(problem.live_end).max()) + 1)
+    live = value_rows(problem, every) @ x
+    assert live.max() == pytest.approx(problem.memory_row_activity(plan).max(), rel=1e-12)
+    assert set(points) <= set(every) and (live[points] == pytest.approx(problem.memory_row_activity(plan)))
 
 
 def test_the_first_budgeted_plan_does_not_fit_with_its_copies(captured):

@@ -256,13 +256,7 @@ def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, bud
     if found is None:
         return None
     peak = copies.seen(base, found.assignment)
-    if peak > budget * (1 + 1e-9):
-        at = int(base.predicted_peak(found.assignment)[1])
-        if at not in set(np.asarray(base.memory_row_points).tolist()):
-            # (a point whose values' live set is not maximal, made the peak by copies: no row holds it)
-            log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %s GiB with every copy, at a point with no "
-                     "memory row; not kept", where, _gib(peak))
-            return None
+    if peak > budget * (1 + 1e-9):  # (at a point the MIP bounds: copies below its size cut)
         log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %s GiB with every copy; solving again with "
                  "columns for the small ones too", where, _gib(peak))
         found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, least_memory,

@@ -243,8 +243,10 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
     used = kept_columns(problem, solution, least_memory)
     points = np.asarray(problem.memory_row_points)
     plan = np.asarray(solution.assignment, dtype=np.int64)
-    active = np.sort(np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS])
-    copies = CopyColumns(problem, graph, mesh_shape, used, points[active], min_bytes)
+    # the program points whose memory the MIP bounds: memory rows' points, and points whose live
+    # set of values no row holds when a plan's copies make one of them its peak
+    active = np.sort(points[np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS]])
+    copies = CopyColumns(problem, graph, mesh_shape, used, active, min_bytes)
     n0 = int(ilp.num_cols)
     base = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
                                    shape=(int(ilp.num_rows), n0))
@@ -263,10 +265,10 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
         col_upper = np.concatenate([np.asarray(ilp.col_upper), np.ones(copies.count)])
         col_upper[:n0][~used] = 0.0
         integrality = np.concatenate([np.asarray(ilp.integrality), np.zeros(copies.count, dtype=np.int8)])
-        # the active memory rows, scaled to 1000 (solve.highs.ROW_SCALE_TARGET; costs by a power of two: exact)
-        memory = (scipy.sparse.hstack([memory_row_matrix(problem, active),
+        # the active points' memory, scaled to 1000 (solve.highs.ROW_SCALE_TARGET; costs by a power of two: exact)
+        memory = (scipy.sparse.hstack([value_rows(problem, active),
                                        scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
-                  + copies.in_memory_rows(points[active])) * (1000.0 / upper)
+                  + copies.in_memory_rows(active)) * (1000.0 / upper)
         a = scipy.sparse.vstack([rows, memory]).tocsc()
         # (presolve on: it removes the strategies the restriction bounds to 0)
         h = _highs(dataclasses.replace(options, node_limit=NODE_LIMIT), presolve=True)
@@ -293,22 +295,53 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
         assignment = np.asarray([int(np.argmax(x[gs[g]:gs[g + 1]])) for g in range(gs.size - 1)], dtype=np.int64)
         # every row's activity under the plan with all its copies (those without columns too: a row
         # they break joins, and the candidates spanning it get columns)
-        over = np.setdiff1d(np.flatnonzero(row_peaks(problem, assignment) > limit * (1 + 1e-9) + 1e-6), active)
+        over = points[row_peaks(problem, assignment) > limit * (1 + 1e-9) + 1e-6]
+        peak, at = problem.predicted_peak(assignment)
+        if peak > limit * (1 + 1e-9) + 1e-6:
+            over = np.append(over, at)
+        over = np.setdiff1d(over, active)
         if not over.size:
             break
         if round_ == MAX_ROW_ROUNDS:
             return None
         active = np.union1d(active, over)
-        copies.add_spanning(points[over])
+        copies.add_spanning(over)
     objective = float(_core.evaluate(ilp, assignment).objective)
     bound = math.nan if solution.support is None else float(solution.support.bound)
     gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
-    log.info("alpa_pass: mesh %s: exact-copy plan: %d candidate copies (%d columns, %d rows), %d memory rows, "
+    log.info("alpa_pass: mesh %s: exact-copy plan: %d candidate copies (%d columns, %d rows), %d memory points, "
              "%d nodes; objective %.6g (%.3g above the LP bound), %.1f s", where, copies.candidates, copies.count,
              len(copies.rows), active.size, nodes, objective, gap, time.perf_counter() - t0)
     return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective, status=EXACT_STATUS, optimal=False,
                     mip_gap=gap, time_limited=False, solve_time_s=time.perf_counter() - t0,
                     node_limited=nodes >= NODE_LIMIT, solved_size=(n, int(a.shape[0])))
+
+
+def value_rows(problem, points) -> scipy.sparse.csr_matrix:
+    """The memory row of each of ``points`` (program points, ascending; any point, not only
+    ``problem.memory_row_points``) over the ILP's columns, its values only (no copies): each value
+    live there (``problem.live_*``) adds its strategies' bytes to its group's columns (merged nodes
+    add up per strategy), as ``_core`` memory.cc materialise_memory_rows does for a row's point."""
+    points = np.asarray(points, dtype=np.int64)
+    gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
+    group = np.asarray(problem.node_group, dtype=np.int64)
+    off = np.asarray(problem.strategy_offsets, dtype=np.int64)
+    memory = np.asarray(problem.memory)
+    nodes, start, end = (np.asarray(a, dtype=np.int64) for a in (problem.live_nodes, problem.live_start,
+                                                                  problem.live_end))
+    rows, cols, data = [], [], []
+    for r, t in enumerate(points):
+        for v in nodes[(start <= t) & (end >= t)]:
+            k = np.arange(off[v + 1] - off[v])
+            rows.append(np.full(k.size, r))
+            cols.append(gs[group[v]] + k)
+            data.append(memory[off[v]:off[v + 1]])
+    if not rows:
+        return scipy.sparse.csr_matrix((points.size, int(problem.ilp.num_cols)))
+    out = scipy.sparse.csr_matrix((np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))),
+                                  shape=(points.size, int(problem.ilp.num_cols)))
+    out.sum_duplicates()
+    return out
 
 
 def row_peaks(problem, assignment) -> np.ndarray:
