@@ -497,13 +497,6 @@ class ShardingProblem:
         """
 
     @property
-    def memory_constant(self) -> Annotated[NDArray[numpy.uint8], dict(shape=(None,))]:
-        """
-        uint8[N]: 1 where the node's value is a constant expression: never counted, nor any copy of it
-        (memory.h).
-        """
-
-    @property
     def live_nodes(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
         """int64[L]: the values that count towards memory (memory.h)."""
 
@@ -514,6 +507,13 @@ class ShardingProblem:
     @property
     def live_end(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
         """int64[L]: last program point where each value is live (inclusive)."""
+
+    @property
+    def memory_constant(self) -> NDArray[numpy.uint8]:
+        """
+        uint8[N]: 1 where the node's value is a constant expression: never counted, nor any copy of it
+        (memory.h).
+        """
 
     @property
     def memory_points(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
