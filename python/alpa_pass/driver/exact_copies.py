@@ -19,16 +19,18 @@ of its strategy columns) and ``q`` = [u is produced in L]:
   suf_i >= r_i``; ``w >= pre_i + suf_j - 1 - q``.
 
 The memory rows push every ``w`` down, so for a 0/1 plan ``w`` is exactly "the copy is live here"
-and the rows' peak is the plan's real peak (to the size cut below). Measured (s23,
-``benchmarks/exact_copies.py``): pairwise rows 8.5-66 s -> 0.5-10 s of MIP against the chain form
-for the same plans.
+and the rows' peak is the plan's real peak (to the size cut below). Measured in s23 (the experiment
+this module grew from): pairwise rows 8.5-66 s -> 0.5-10 s of MIP against the chain form for the
+same plans.
 
 The MIP is restricted (like ``solve.support``'s): the strategies of the first budgeted solve's LP
-support and its plan (each group's least-memory strategies too when those admit no plan). Its
-memory rows start with the ``START_ROWS`` rows that plan fills most; rows its plan breaks are added
-and it is solved again. Candidates: every value read in a layout some kept strategy reads and its
-producer can avoid, at least ``min_bytes`` per device, whose readers span a starting row. The MIP
-is node-limited (``NODE_LIMIT``), never timed: the plan is a function of the problem.
+support and its plan (each group's least-memory strategies too when those admit no plan). It bounds
+the memory at program points: first those of the ``START_ROWS`` memory rows that plan fills most;
+a plan that breaks another row with its copies, or whose copies make a point no memory row holds
+its peak, adds those points and is solved again. Candidates: every value read in a layout some
+kept strategy reads and its producer can avoid, at least ``min_bytes`` per device, whose readers
+span a bounded point. The MIP is node-limited (``NODE_LIMIT``) and stops at ``REL_GAP``, never
+timed: the plan is a function of the problem.
 """
 from __future__ import annotations
 
@@ -228,16 +230,14 @@ def kept_columns(problem, solution: Solution, least_memory: bool) -> np.ndarray:
 
 
 def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options, where: str,
-                        least_memory: bool = False, min_bytes: float | None = None,
-                        limit: float | None = None) -> Solution | None:
+                        least_memory: bool = False, min_bytes: float | None = None) -> Solution | None:
     """The restricted MIP of ``problem`` (its memory rows at ``problem.memory_row_upper``) with every
     reshard copy of at least ``min_bytes`` per device counted exactly (module doc), around the
     budgeted plan ``solution`` (its LP support and plan: ``kept_columns``). None when it has no plan
     (or stops without one at the node limit, or runs past ``options.time_limit_s``). The Solution's
     ``mip_gap`` is measured from ``solution.support.bound`` (the first budgeted LP's: a relaxation
-    of this MIP), NaN without one; its plan's peak is the rows' (the caller checks the real one).
-    ``limit``: the memory rows' bound in bytes when not ``problem.memory_row_upper`` (room for the
-    copies below the size cut, after a plan they took over the budget)."""
+    of this MIP), NaN without one; its peak may exceed the budget by copies below ``min_bytes``
+    (default ``MIN_BYTES_FRACTION`` of it: the caller checks ``predicted_peak``)."""
     t0 = time.perf_counter()
     ilp = problem.ilp
     gs = np.asarray(ilp.group_var_start, dtype=np.int64)
@@ -254,7 +254,6 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
     n0 = int(ilp.num_cols)
     base = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),
                                    shape=(int(ilp.num_rows), n0))
-    limit = upper if limit is None else float(limit)
     import highspy
 
     nodes = 0
@@ -282,7 +281,7 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
         lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost * scale, np.zeros(n), col_upper
         lp.offset_ = float(ilp.offset) * scale
         lp.row_lower_ = np.concatenate([row_lower, np.full(active.size, -np.inf)])
-        lp.row_upper_ = np.concatenate([row_upper, np.full(active.size, 1000.0 * limit / upper)])
+        lp.row_upper_ = np.concatenate([row_upper, np.full(active.size, 1000.0)])
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
         lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
@@ -294,15 +293,15 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
         x = np.asarray(h.getSolution().col_value)
         if (status == highspy.HighsModelStatus.kTimeLimit or x.size != n
                 or h.getInfo().primal_solution_status != 2):
-            log.info("alpa_pass: mesh %s: no exact-copy plan on the restricted strategies (%s, %d memory rows)",
+            log.info("alpa_pass: mesh %s: no exact-copy plan on the restricted strategies (%s, %d memory points)",
                      where, h.modelStatusToString(status), active.size)
             return None
         assignment = np.asarray([int(np.argmax(x[gs[g]:gs[g + 1]])) for g in range(gs.size - 1)], dtype=np.int64)
         # every row's activity under the plan with all its copies (those without columns too: a row
         # they break joins, and the candidates spanning it get columns)
-        over = points[row_peaks(problem, assignment) > limit * (1 + 1e-9) + 1e-6]
+        over = points[row_peaks(problem, assignment) > upper * (1 + 1e-9) + 1e-6]
         peak, at = problem.predicted_peak(assignment)
-        if peak > limit * (1 + 1e-9) + 1e-6:
+        if peak > upper * (1 + 1e-9) + 1e-6:
             over = np.append(over, at)
         over = np.setdiff1d(over, active)
         if not over.size:
@@ -317,9 +316,10 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
     log.info("alpa_pass: mesh %s: exact-copy plan: %d candidate copies (%d columns, %d rows), %d memory points, "
              "%d nodes; objective %.6g (%.3g above the LP bound), %.1f s", where, copies.candidates, copies.count,
              len(copies.rows), active.size, nodes, objective, gap, time.perf_counter() - t0)
-    return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective, status=EXACT_STATUS, optimal=False,
-                    mip_gap=gap, time_limited=False, solve_time_s=time.perf_counter() - t0,
-                    node_limited=nodes >= NODE_LIMIT, solved_size=(n, int(a.shape[0])))
+    return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective,
+                    status=EXACT_STATUS, optimal=False, mip_gap=gap, time_limited=False,
+                    solve_time_s=time.perf_counter() - t0, node_limited=nodes >= NODE_LIMIT,
+                    solved_size=(n, int(a.shape[0])))
 
 
 def value_rows(problem, points) -> scipy.sparse.csr_matrix:
