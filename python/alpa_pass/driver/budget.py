@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from alpa_pass import _core
+from alpa_pass.driver.exact_copies import exact_copy_solution
 from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_rows, undominated_memory_rows
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve.highs import SUPPORT_STATUS, Solution, SolveOptions, Support, lp_bound, solve_ilp
@@ -247,8 +248,6 @@ def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, bud
     counted copies (``problem`` may count the free plan's). The restricted MIP keeps the LP
     support's strategies and the plan's, then, when they admit no plan, each group's least-memory
     strategies too."""
-    from alpa_pass.driver.exact_copies import exact_copy_solution
-
     if budget is None or base.num_memory_rows == 0 or copies.graph is None or solution.support is None:
         return None
     if copies.seen(problem, solution.assignment) <= budget * (1 + 1e-9):

@@ -20,6 +20,7 @@ from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
 from alpa_pass.driver.budget import (ReshardCopies, draft_options, fit_budgeted_plan, infeasible_error,
                                      memory_lower_bound, resolve_budget, solve_within_budget)
+from alpa_pass.driver.exact_copies import EXACT_STATUS
 from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
@@ -258,6 +259,9 @@ def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
         log.info("alpa_pass: the budgeted solve on mesh %s kept the plan of its LP support (gap %.2g to the LP "
                  "bound, solver_support_gap=%g); AutoShardingOption(solver_support_gap=None) solves the full ILP",
                  where, solution.mip_gap, option.solver_support_gap)
+    elif solution.status == EXACT_STATUS:
+        log.info("alpa_pass: the budgeted solve on mesh %s kept the exact-copy plan (gap %.2g to the first LP "
+                 "bound, which counts no reshard copies; driver/exact_copies.py)", where, solution.mip_gap)
     elif solution.node_limited:
         log.info("alpa_pass: the ILP solve on mesh %s stopped at solver_node_limit=%d (gap %.2g)",
                  where, option.solver_node_limit, solution.mip_gap)
