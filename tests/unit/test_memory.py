@@ -9,7 +9,8 @@ import pytest
 from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError
 from alpa_pass.extract.graph import GraphBuilder, OpKind
-from alpa_pass.driver.budget import ReshardCopies, layout_twins, solve_within_budget
+from alpa_pass.driver.budget import solve_within_budget
+from alpa_pass.driver.reshard_copies import ReshardCopies, layout_twins
 from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_rows
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 from tests.helpers import F32, MESH14, built_graph

@@ -18,10 +18,11 @@ from jax.sharding import PartitionSpec
 from alpa_pass import _core
 from alpa_pass.driver import cache
 from alpa_pass.driver.auto_mesh import search_meshes
-from alpa_pass.driver.budget import (ReshardCopies, draft_options, fit_budgeted_plan, infeasible_error,
-                                     memory_lower_bound, resolve_budget, solve_within_budget)
+from alpa_pass.driver.budget import (draft_options, fit_budgeted_plan, infeasible_error, memory_lower_bound,
+                                     resolve_budget, solve_within_budget)
 from alpa_pass.driver.exact_copies import EXACT_STATUS
 from alpa_pass.driver.progress import planning_progress
+from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
 from alpa_pass.emit.targets import plan_axis_order
