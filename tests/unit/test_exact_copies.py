@@ -1,16 +1,21 @@
 """driver.exact_copies (issue #15): copy columns that count every reshard copy exactly, row by row,
 for any plan; the restricted MIP's plan meets the budget with every copy (the rows' peak is the
-plan's real peak); and the planner keeps the cheaper of it and the copy rounds' plan."""
+plan's real peak); the planner keeps the cheaper of it and the copy rounds' plan; and, by default,
+the first budgeted plan is that MIP's over the free plan's frontier strategies (no LP)."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import alpa_pass as ap
 from alpa_pass.driver import budget as budget_module
-from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks, value_rows
+from alpa_pass import _core
+from alpa_pass.driver import exact_copies
+from alpa_pass.driver.exact_copies import (EXACT_STATUS, CopyColumns, exact_copy_solution, frontier_columns, row_peaks,
+                                           start_points, value_rows)
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix
 from alpa_pass.solve.highs import SolveOptions
+from alpa_pass.solve.support import least_memory_columns
 from benchmarks.bench_planning import abstract_inputs
 from zoo import default_optimizer, gpt
 
@@ -18,11 +23,12 @@ CONFIG = gpt.Config(vocab=512, seq=64, hidden=64, heads=4, layers=2, batch=8, ti
 MESH = (2, 4)
 
 
-def _plan(budget, exact=True, seen=None):
-    """The tiny GPT planned on MESH under ``budget`` (``budget.EXACT_COPY_PLAN = exact``); ``seen``
+def _plan(budget, exact=True, seen=None, frontier=False):
+    """The tiny GPT planned on MESH under ``budget`` (``budget.EXACT_COPY_PLAN = exact``,
+    ``budget.FRONTIER_PLAN = frontier``: off, the first budgeted plan is the LP support's); ``seen``
     gets the graph, problems and first budgeted plan ``exact_copy_fit`` was given, and its result."""
     optimizer = default_optimizer()
-    fit, mode = budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN
+    fit, mode, first = budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN, budget_module.FRONTIER_PLAN
 
     def capture(copies, base, problem, solution, *args):
         out = fit(copies, base, problem, solution, *args)
@@ -32,12 +38,14 @@ def _plan(budget, exact=True, seen=None):
         return out
 
     budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = capture, exact
+    budget_module.FRONTIER_PLAN = frontier
     try:
         plan, _, _ = make_plan(gpt.make_train_step(optimizer, CONFIG), abstract_inputs(CONFIG, optimizer),
                                ap.LogicalMesh(shape=MESH), ap.AutoShardingOption(memory_budget_per_device=budget),
                                donate_argnums=(0,))
     finally:
         budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = fit, mode
+        budget_module.FRONTIER_PLAN = first
     return plan
 
 
@@ -154,3 +162,104 @@ def test_the_planner_keeps_the_exact_plan_within_the_gap_else_the_cheaper(captur
         assert plan.objective == pytest.approx(exact.objective, rel=1e-9)
     else:
         assert plan.objective == pytest.approx(min(exact.objective, rounds.objective), rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def frontier(captured):
+    """The planner's default path on the same case: the free plan and the frontier it was given."""
+    _, budget, _ = captured
+    seen: dict = {}
+    columns = exact_copies.frontier_columns
+
+    def capture(problem, assignment):
+        seen.update(problem=problem, free=np.asarray(assignment, dtype=np.int64))
+        seen["used"] = columns(problem, assignment)
+        return seen["used"]
+
+    planned = budget_module.frontier_plan
+
+    def capture_plan(*args):
+        seen["solution"] = planned(*args)
+        return seen["solution"]
+
+    exact_copies.frontier_columns = budget_module.frontier_columns = capture
+    budget_module.frontier_plan = capture_plan
+    try:
+        seen["plan"] = _plan(budget, frontier=True)
+    finally:
+        exact_copies.frontier_columns = budget_module.frontier_columns = columns
+        budget_module.frontier_plan = planned
+    assert "used" in seen, "the free plan fits: no frontier plan"
+    return seen, budget
+
+
+def test_frontier_columns_keep_the_plan_the_least_memory_and_every_undominated_strategy(frontier):
+    seen, _ = frontier
+    problem, free, used = seen["problem"], seen["free"], seen["used"]
+    ilp = problem.ilp
+    gs = np.asarray(ilp.group_var_start)
+    assert used[:gs[0]].all() and used[gs[-1]:].all()  # (only group columns are left out)
+    keep = used[gs[0]:gs[-1]]
+    assert keep[gs[:-1] - gs[0] + free].all()
+    least = least_memory_columns(memory_row_matrix(problem), gs)[gs[0]:gs[-1]]
+    assert keep[least].all()
+    assert 0 < keep.sum() < keep.size  # (a restriction: some strategies are dominated)
+    # every strategy left out is dominated, in each of the three costs, by a kept one with no more
+    # bytes at the start points (ties: no more over every memory row): its own column cost, and the
+    # objective with only its group changed (the others at the free plan, or at their fewest bytes there)
+    memory = np.asarray(value_rows(problem, start_points(problem, free)).sum(axis=0)).ravel()[gs[0]:gs[-1]]
+    everywhere = np.asarray(memory_row_matrix(problem).sum(axis=0)).ravel()[gs[0]:gs[-1]]
+    key = list(zip(memory, everywhere))
+    allowed = np.asarray(ilp.col_upper)[gs[0]:gs[-1]] > 0
+    fewest = np.asarray([int(np.argmin(np.where(allowed, memory, np.inf)[a:b]))
+                         for a, b in zip(gs[:-1] - gs[0], gs[1:] - gs[0])])
+
+    def changed(plan):
+        out = np.empty(keep.size)
+        for g in range(gs.size - 1):
+            for k in range(gs[g + 1] - gs[g]):
+                other = plan.copy()
+                other[g] = k
+                out[gs[g] - gs[0] + k] = _core.evaluate(ilp, other).objective
+        return out
+
+    costs = [np.asarray(ilp.col_cost)[gs[0]:gs[-1]], changed(free), changed(fewest)]
+    left_out = 0
+    for g in range(gs.size - 1):
+        a, b = gs[g] - gs[0], gs[g + 1] - gs[0]
+        for s in range(a, b):
+            if keep[s]:
+                continue
+            left_out += 1
+            for cost in costs:
+                assert not allowed[s] or any(keep[t] and key[t] <= key[s] and cost[t] <= cost[s]
+                                              for t in range(a, b)), (g, s)
+    assert left_out == keep.size - keep.sum()
+    # and no kept frontier strategy is dominated by a kept one with strictly fewer bytes in all three
+    # costs unless it is the free plan's or a least-memory one
+    for g in range(gs.size - 1):
+        a, b = gs[g] - gs[0], gs[g + 1] - gs[0]
+        for s in range(a, b):
+            if keep[s] and s != a + free[g] and not least[s]:
+                assert any(not any(keep[t] and t != s and memory[t] < memory[s] and cost[t] <= cost[s]
+                                   for t in range(a, b)) for cost in costs), (g, s)
+
+
+def test_the_first_budgeted_plan_is_the_frontier_plan_within_the_lp_bound(captured, frontier):
+    lp_path, budget, lp_plan = captured
+    seen, _ = frontier
+    plan, used, solution = seen["plan"], seen["used"], seen["solution"]
+    assert solution is not None and plan.solver_status == EXACT_STATUS
+    assert plan.objective == pytest.approx(solution.objective, rel=1e-12)  # (the plan kept: no later round)
+    assert np.isnan(plan.mip_gap)  # (no LP: no bound to measure it from)
+    assert plan.predicted_peak_bytes <= budget * (1 + 1e-9)
+    problem = seen["problem"]
+    assignment = np.asarray(solution.assignment, dtype=np.int64)
+    assert problem.predicted_peak(assignment)[0] <= budget * (1 + 1e-9)
+    gs = np.asarray(problem.ilp.group_var_start)
+    assert used[gs[:-1] + assignment].all()  # (its strategies are the frontier's)
+    # it meets the memory rows, so the LP-support path's first LP bound (memory rows, no copies)
+    # bounds it: within the 1% both MIPs stop at, no plan goes below a relaxation's optimum
+    bound = lp_path["solution"].support.bound
+    assert plan.objective >= bound * (1 - 1e-9)
+    assert solution.objective == pytest.approx(float(_core.evaluate(problem.ilp, assignment).objective), rel=1e-12)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from alpa_pass import _core
-from alpa_pass.driver.exact_copies import exact_copy_solution
+from alpa_pass.driver.exact_copies import exact_copy_solution, frontier_columns
 from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_rows, undominated_memory_rows
 from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.errors import InfeasibleError, SolverError
@@ -73,7 +73,9 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     the ILP is solved without them (a plan meeting them all is the optimum: that of a relaxation,
     and feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
     ILP is solved with every memory row no other row dominates. A default budget is often met by
-    the free plan (one solve, no rows). ``hint``: a plan of a similar problem whose nearly full
+    the free plan (one solve, no rows). When the free plan's peak with its reshard copies is over
+    ``FRONTIER_OVER`` times the budget, the exact-copy plan over its frontier strategies
+    (``frontier_plan``: no LP) is the first budgeted plan when it has one. ``hint``: a plan of a similar problem whose nearly full
     rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
     ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
     budgeted solve (then ``copies.problem`` is the problem solved). ``start``: a plan (a strategy
@@ -183,8 +185,47 @@ def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, bud
         return None
     if copies.seen(problem, solution.assignment) <= budget * (1 + 1e-9):
         return None
-    for least_memory in (False, True):  # (least-memory strategies first: GPT 1.3B 13 GiB 5 -> 31 s, 3% cheaper)
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, least_memory)
+    # (least-memory strategies first: GPT 1.3B 13 GiB 5 -> 31 s, 3% cheaper)
+    return _exact_plan_that_fits(copies, base, solution, budget, options, where,
+                                 (dict(least_memory=False), dict(least_memory=True)))
+
+
+# The first budgeted plan is the exact-copy plan over the free plan's frontier strategies
+# (frontier_plan) when that has one (False: the LP-support path of solve_within_budget always)...
+FRONTIER_PLAN = True
+# ...and the free plan's peak with its reshard copies exceeds the budget by more than this factor.
+# Nearer, the LP-support path's first plan mostly fits with its copies at once, and is as fast and
+# no costlier (s25, solve s, LP path vs frontier: LLaMA-8B 8x8 at 40 GiB (free 1.06x) 3.7 vs 5.8 s,
+# +0.05% with the frontier; at 37 GiB (1.15x) 5.2 vs 8.5 s, -0.8%; the MoE of
+# test_refine_unmerged at 0.95 of its free peak: +14% with the frontier). Further, the LP path
+# runs copy rounds (GPT 1.3B 2x4 at 16 GiB (1.16x) 22.6 vs 10.6 s, -3.2%).
+FRONTIER_OVER = 1.15
+
+
+def frontier_plan(copies: ReshardCopies, problem, solution: Solution, options: SolveOptions,
+                  where: str) -> Solution | None:
+    """The exact-copy plan (``driver.exact_copies``) of ``problem`` (no copies counted; its memory
+    rows at the budget) over ``frontier_columns`` of the free plan ``solution``, when it fits the
+    budget with every copy; else None. No LP with memory rows is solved (3-10x the free LP: s22),
+    so the plan has no bound (``mip_gap`` NaN). Not tried when ``options`` want proven plans
+    (``support_gap`` None) or without the graph; under a cutoff (``objective_bound``, a mesh
+    search) only a plan below it is returned."""
+    if not (EXACT_COPY_PLAN and FRONTIER_PLAN) or options.support_gap is None or copies.graph is None:
+        return None
+    found = _exact_plan_that_fits(copies, problem, solution, float(problem.memory_row_upper), options, where,
+                                  (dict(used=frontier_columns(problem, solution.assignment)),))
+    if found is not None and options.objective_bound is not None and found.objective >= options.objective_bound:
+        return None
+    return found
+
+
+def _exact_plan_that_fits(copies: ReshardCopies, base, solution: Solution, budget: float, options: SolveOptions,
+                          where: str, attempts) -> Solution | None:
+    """The first plan ``exact_copy_solution`` finds around ``solution`` with each of ``attempts``
+    (its keyword arguments) in turn, when it fits ``budget`` with every copy (``predicted_peak``);
+    else that MIP once more with columns for every copy (no size cut); else None."""
+    for attempt in attempts:
+        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt)
         if found is not None:
             break
     if found is None:
@@ -193,7 +234,7 @@ def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, bud
     if peak > budget * (1 + 1e-9):  # (at a point the MIP bounds: copies below its size cut)
         log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %s GiB with every copy; solving again with "
                  "columns for the small ones too", where, _gib(peak))
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, least_memory,
+        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt,
                                     min_bytes=0.0)
         if found is None or copies.seen(base, found.assignment) > budget * (1 + 1e-9):
             return None
@@ -347,7 +388,10 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     ``FILTER_BROKEN_ROWS``, only those no other broken row dominates: a broken dominated row's
     dominator is broken too, and implies it) and solves again. A plan that meets every row is the
     budgeted optimum (within the MIP gap): it is optimal for a relaxation (fewer rows) and
-    feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). Only finished
+    feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). A free plan
+    (round 0, no ``hint``, ``start``, ``candidate`` or ``support``) over ``FRONTIER_OVER`` times the
+    budget with its copies is followed by ``frontier_plan``, whose plan, when it has one, is
+    returned instead (it fits with every copy). Only finished
     solves count (a time-limited one or ``MAX_ROW_ROUNDS`` rounds give None), so the result does
     not depend on the machine. ``start``: a plan meeting every row, every solve's first incumbent
     (a solve stopped by a node limit counts as finished: its plan is then not proven optimal).
@@ -383,6 +427,11 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         assignment = np.asarray(solution.assignment, dtype=np.int64)
         support = solution.support  # (the next round solves a restriction: more rows or copies)
         free_peak = copies.seen(problem, assignment) if round_ == 0 and hint is None and copies is not None else 0.0
+        if free_peak > upper * FRONTIER_OVER and unswapped is None and start is None and candidate is None \
+                and support is None:
+            found = frontier_plan(copies, problem, solution, options, where)
+            if found is not None:
+                return found, problem
         if upper < free_peak <= upper * FREE_COPIES_WITHIN:
             # the free plan nearly fits: most of its reshard copies are the budgeted plan's too
             # (counting them now saves fit_reshard_copies a re-solve); its nearly full rows start

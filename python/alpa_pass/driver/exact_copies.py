@@ -24,7 +24,10 @@ this module grew from): pairwise rows 8.5-66 s -> 0.5-10 s of MIP against the ch
 same plans.
 
 The MIP is restricted (like ``solve.support``'s): the strategies of the first budgeted solve's LP
-support and its plan (each group's least-memory strategies too when those admit no plan). It bounds
+support and its plan (each group's least-memory strategies too when those admit no plan), or, when
+the free plan is far over the budget, ``frontier_columns``: the free plan's, each group's
+least-memory ones and those on each group's (bytes, cost) frontier, with no LP solved at all
+(``driver.budget.frontier_plan``). It bounds
 the memory at program points: first those of the ``START_ROWS`` memory rows that plan fills most;
 a plan that breaks another row with its copies, or whose copies make a point no memory row holds
 its peak, adds those points and is solved again. Candidates: every value read in a layout some
@@ -213,6 +216,67 @@ class CopyColumns:
         return x
 
 
+def start_points(problem, assignment) -> np.ndarray:
+    """The program points (ascending) whose memory the MIP bounds from the start: those of the
+    ``START_ROWS`` memory rows ``assignment`` (a strategy per group) fills most."""
+    points = np.asarray(problem.memory_row_points)
+    fill = problem.memory_row_activity(np.asarray(assignment, dtype=np.int64))
+    return np.sort(points[np.argsort(-fill, kind="stable")[:START_ROWS]])
+
+
+def frontier_columns(problem, assignment) -> np.ndarray:
+    """A mask over ``problem.ilp``'s columns: every non-group column, the plan ``assignment`` (a
+    strategy per group: the free plan), each group's least-memory strategies (over every memory
+    row), and each group's frontier strategies: sorted by their bytes at ``start_points`` (where
+    ``assignment`` peaks), each strategy cheaper than every one with fewer bytes, by three costs in
+    turn: its own column cost, and the plan's objective with only this group changed, every other
+    group at ``assignment`` or at its strategy with the fewest bytes there (``_core.evaluate``, one
+    call per strategy). (The least-memory strategies over every row as that context: GPT 1.3B 2x4
+    at 13 GiB 5 -> 75 nodes, 6 -> 17 s, the same plan within 0.1%.)
+
+    A stand-in for the budgeted LP's support (``solve.support``) that needs no LP: memory rows
+    make that LP 3-10x slower than the free one (s22), while the exact-copy MIP over these
+    strategies plans in seconds. s25 (2-core VM): LLaMA-8B 8x8 at 30/33/35/37/40 GiB -4.3, +1.5,
+    -5.5, -0.8, +0.05% of the LP-support path's objective; GPT 1.3B 2x4 at 12-16 GiB -0.4, +1.8, 0,
+    -6.2, -3.2%; GPT-175B 16x16 at 80 GiB +10.6% (README "Exact copies")."""
+    ilp = problem.ilp
+    gs = np.asarray(ilp.group_var_start, dtype=np.int64)
+    plan = np.asarray(assignment, dtype=np.int64)
+    allowed = np.asarray(ilp.col_upper)[gs[0]:gs[-1]] > 0
+    memory = np.asarray(value_rows(problem, start_points(problem, plan)).sum(axis=0)).ravel()[gs[0]:gs[-1]]
+    starts = gs[:-1] - gs[0]
+    fewest = np.where(allowed, memory, np.inf)
+    least_plan = np.asarray([int(np.argmin(fewest[a:b])) for a, b in zip(starts, gs[1:] - gs[0])], dtype=np.int64)
+    rows = memory_row_matrix(problem)
+    keep = least_memory_columns(rows, gs)[gs[0]:gs[-1]]
+    keep[starts + plan] = True
+    everywhere = np.asarray(rows.sum(axis=0)).ravel()[gs[0]:gs[-1]]  # (breaks ties in ``memory``)
+    for cost in (np.asarray(ilp.col_cost, dtype=np.float64)[gs[0]:gs[-1]], _one_group_changed(ilp, plan, gs),
+                 _one_group_changed(ilp, least_plan, gs)):
+        for a, b in zip(starts, gs[1:] - gs[0]):
+            cheapest = math.inf
+            # fewest bytes at the start points first, then over every row, then the cheaper
+            for k in np.lexsort((cost[a:b], everywhere[a:b], memory[a:b])):
+                if allowed[a + k] and cost[a + k] < cheapest:
+                    keep[a + k] = True
+                    cheapest = cost[a + k]
+    used = np.ones(int(ilp.num_cols), dtype=bool)
+    used[gs[0]:gs[-1]] = keep
+    return used
+
+
+def _one_group_changed(ilp, plan, gs) -> np.ndarray:
+    """Per group column: the objective of ``plan`` with its group's strategy set to that column's."""
+    out = np.empty(int(gs[-1] - gs[0]))
+    changed = plan.copy()
+    for g in range(plan.size):
+        for k in range(int(gs[g + 1] - gs[g])):
+            changed[g] = k
+            out[gs[g] - gs[0] + k] = _core.evaluate(ilp, changed).objective
+        changed[g] = plan[g]
+    return out
+
+
 def kept_columns(problem, solution: Solution, least_memory: bool) -> np.ndarray:
     """The mask over ``problem.ilp``'s columns the restricted MIP keeps: every non-group column,
     the strategies of ``solution``'s LP support and its plan, and (``least_memory``) each group's
@@ -230,26 +294,28 @@ def kept_columns(problem, solution: Solution, least_memory: bool) -> np.ndarray:
 
 
 def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options, where: str,
-                        least_memory: bool = False, min_bytes: float | None = None) -> Solution | None:
+                        least_memory: bool = False, min_bytes: float | None = None,
+                        used: np.ndarray | None = None) -> Solution | None:
     """The restricted MIP of ``problem`` (its memory rows at ``problem.memory_row_upper``) with every
     reshard copy of at least ``min_bytes`` per device counted exactly (module doc), around the
     budgeted plan ``solution`` (its LP support and plan: ``kept_columns``). None when it has no plan
     (or stops without one at the node limit, or runs past ``options.time_limit_s``). The Solution's
     ``mip_gap`` is measured from ``solution.support.bound`` (the first budgeted LP's: a relaxation
     of this MIP), NaN without one; its peak may exceed the budget by copies below ``min_bytes``
-    (default ``MIN_BYTES_FRACTION`` of it: the caller checks ``predicted_peak``)."""
+    (default ``MIN_BYTES_FRACTION`` of it: the caller checks ``predicted_peak``). ``used``: the
+    columns kept instead of ``kept_columns``' (``frontier_columns``)."""
     t0 = time.perf_counter()
     ilp = problem.ilp
     gs = np.asarray(ilp.group_var_start, dtype=np.int64)
     upper = float(problem.memory_row_upper)
     if min_bytes is None:
         min_bytes = upper * MIN_BYTES_FRACTION
-    used = kept_columns(problem, solution, least_memory)
+    if used is None:
+        used = kept_columns(problem, solution, least_memory)
     points = np.asarray(problem.memory_row_points)
-    plan = np.asarray(solution.assignment, dtype=np.int64)
     # the program points whose memory the MIP bounds: memory rows' points, and points whose live
     # set of values no row holds when a plan's copies make one of them its peak
-    active = np.sort(points[np.argsort(-problem.memory_row_activity(plan), kind="stable")[:START_ROWS]])
+    active = start_points(problem, solution.assignment)
     copies = CopyColumns(problem, graph, mesh_shape, used, active, min_bytes)
     n0 = int(ilp.num_cols)
     base = scipy.sparse.csc_matrix((np.asarray(ilp.a_value), np.asarray(ilp.a_index), np.asarray(ilp.a_start)),

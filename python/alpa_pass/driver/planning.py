@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 import jax
@@ -260,6 +261,10 @@ def _warn_if_limited(solution, option: AutoShardingOption, where: str) -> None:
         log.info("alpa_pass: the budgeted solve on mesh %s kept the plan of its LP support (gap %.2g to the LP "
                  "bound, solver_support_gap=%g); AutoShardingOption(solver_support_gap=None) solves the full ILP",
                  where, solution.mip_gap, option.solver_support_gap)
+    elif solution.status == EXACT_STATUS and math.isnan(solution.mip_gap):
+        log.info("alpa_pass: the budgeted solve on mesh %s kept the exact-copy plan over the free plan's frontier "
+                 "strategies (no LP bound computed: its gap is unknown; driver/exact_copies.py frontier_columns)",
+                 where)
     elif solution.status == EXACT_STATUS:
         log.info("alpa_pass: the budgeted solve on mesh %s kept the exact-copy plan (gap %.2g to the first LP "
                  "bound, which counts no reshard copies; driver/exact_copies.py)", where, solution.mip_gap)
