@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import copy_rounds_only, planner_log, simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import copy_rounds_only, no_frontier, planner_log, simulate_cpu_devices  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
     p.add_argument("--copy-rounds-only", action="store_true",
                    help="fit budgeted plans with the reshard-copy rounds only (no exact-copy plan first)")
+    p.add_argument("--no-frontier", action="store_true",
+                   help="first budgeted plans from the LP with memory rows only (no frontier plan)")
     return p.parse_args(argv)
 
 
@@ -82,6 +84,8 @@ def main(argv=None) -> int:
         planner_log()
     if args.copy_rounds_only:
         copy_rounds_only()
+    if args.no_frontier:
+        no_frontier()
     import jax
 
     from zoo import gpt

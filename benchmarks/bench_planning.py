@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # zoo, benchmarks.*
-from benchmarks.devices import copy_rounds_only, planner_log, simulate_cpu_devices  # noqa: E402
+from benchmarks.devices import copy_rounds_only, no_frontier, planner_log, simulate_cpu_devices  # noqa: E402
 ALPA_SUITE = (("1.3B", "1x4"), ("1.3B", "2x4"), ("6.7B", "2x8"), ("39B", "8x8"))
 SMALL_SUITE = (("mlp3", "2x4"), ("mlp3", "2x2x2"), ("gpt2", "2x4"), ("gpt2", "2x2x2"))
 
@@ -66,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--log", action="store_true", help="print the planner's INFO log (row rounds, bounds)")
     p.add_argument("--copy-rounds-only", action="store_true",
                    help="fit budgeted plans with the reshard-copy rounds only (no exact-copy plan first)")
+    p.add_argument("--no-frontier", action="store_true",
+                   help="first budgeted plans from the LP with memory rows only (no frontier plan)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     return p.parse_args(argv)
 
@@ -193,6 +195,8 @@ def run_single(args) -> int:
     simulate_cpu_devices(math.prod(mesh_shape), memory_scheduler=True)
     if args.copy_rounds_only:
         copy_rounds_only()
+    if args.no_frontier:
+        no_frontier()
     from zoo import gpt
 
     config = gpt.Config(vocab=args.vocab, seq=args.seq, hidden=args.hidden, heads=args.heads,

@@ -34,3 +34,12 @@ def copy_rounds_only() -> None:
     from alpa_pass.driver import budget
 
     budget.EXACT_COPY_PLAN = False
+
+
+def no_frontier() -> None:
+    """Take every first budgeted plan from the LP with memory rows (its support's restricted MIP),
+    never from the exact-copy MIP over the free plan's frontier strategies
+    (``alpa_pass.driver.budget.FRONTIER_PLAN``; ``--no-frontier``: the figures before it)."""
+    from alpa_pass.driver import budget
+
+    budget.FRONTIER_PLAN = False

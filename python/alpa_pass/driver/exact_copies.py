@@ -219,9 +219,13 @@ class CopyColumns:
 def start_points(problem, assignment) -> np.ndarray:
     """The program points (ascending) whose memory the MIP bounds from the start: those of the
     ``START_ROWS`` memory rows ``assignment`` (a strategy per group) fills most."""
-    points = np.asarray(problem.memory_row_points)
+    return np.sort(np.asarray(problem.memory_row_points)[_fullest_rows(problem, assignment)])
+
+
+def _fullest_rows(problem, assignment) -> np.ndarray:
+    """The indices of the ``START_ROWS`` memory rows ``assignment`` fills most."""
     fill = problem.memory_row_activity(np.asarray(assignment, dtype=np.int64))
-    return np.sort(points[np.argsort(-fill, kind="stable")[:START_ROWS]])
+    return np.argsort(-fill, kind="stable")[:START_ROWS]
 
 
 def frontier_columns(problem, assignment) -> np.ndarray:
@@ -243,11 +247,12 @@ def frontier_columns(problem, assignment) -> np.ndarray:
     gs = np.asarray(ilp.group_var_start, dtype=np.int64)
     plan = np.asarray(assignment, dtype=np.int64)
     allowed = np.asarray(ilp.col_upper)[gs[0]:gs[-1]] > 0
-    memory = np.asarray(value_rows(problem, start_points(problem, plan)).sum(axis=0)).ravel()[gs[0]:gs[-1]]
+    rows = memory_row_matrix(problem)
+    # (the memory rows at start_points: value_rows there, without building them again)
+    memory = np.asarray(rows[_fullest_rows(problem, plan)].sum(axis=0)).ravel()[gs[0]:gs[-1]]
     starts = gs[:-1] - gs[0]
     fewest = np.where(allowed, memory, np.inf)
     least_plan = np.asarray([int(np.argmin(fewest[a:b])) for a, b in zip(starts, gs[1:] - gs[0])], dtype=np.int64)
-    rows = memory_row_matrix(problem)
     keep = least_memory_columns(rows, gs)[gs[0]:gs[-1]]
     keep[starts + plan] = True
     everywhere = np.asarray(rows.sum(axis=0)).ravel()[gs[0]:gs[-1]]  # (breaks ties in ``memory``)
