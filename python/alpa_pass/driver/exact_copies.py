@@ -96,6 +96,9 @@ class CopyColumns:
         self.records = []
         self._waiting = []  # (first reader, last reader, readers, reads, has, bytes): not added yet
         for u, rs in readers.items():
+            size = int(graph.dtype_bytes[u]) * math.prod(graph.shape(u))
+            if size < min_bytes:
+                continue  # (no layout makes a copy of it as large)
             u_cols = gs[group[u]] + np.arange(off[u + 1] - off[u])
             u_outs = [tuple(s) for s in outs[off[u]:off[u + 1]]]
             by_layout: dict = {}
@@ -105,7 +108,6 @@ class CopyColumns:
                     if used[base + k]:
                         by_layout.setdefault(tuple(ins[in_off[off[v] + k] + t]), {}).setdefault(v, []).append(
                             base + k)
-            size = int(graph.dtype_bytes[u]) * math.prod(graph.shape(u))
             for layout, by_reader in by_layout.items():
                 per_device = size / math.prod(n for n, d in zip(mesh_shape, layout) if d >= 0)
                 if per_device < min_bytes or all(s == layout or not used[c] for c, s in zip(u_cols, u_outs)):
@@ -240,9 +242,12 @@ def frontier_columns(problem, assignment) -> np.ndarray:
 
     A stand-in for the budgeted LP's support (``solve.support``) that needs no LP: memory rows
     make that LP 3-10x slower than the free one (s22), while the exact-copy MIP over these
-    strategies plans in seconds. s25 (2-core VM): LLaMA-8B 8x8 at 30/33/35/37/40 GiB -4.3, +1.5,
-    -5.5, -0.8, +0.05% of the LP-support path's objective; GPT 1.3B 2x4 at 12-16 GiB -0.4, +1.8, 0,
-    -6.2, -3.2%; GPT-175B 16x16 at 80 GiB +10.6% (README "Exact copies")."""
+    strategies plans in seconds. s25 (2-core VM), objective against the LP-support path's:
+    LLaMA-8B 8x8 at 30/33/35 GiB -3.7, +1.5, -5.5%; GPT 1.3B 2x4 at 12-16 GiB -3.2, -3.2, -4.9,
+    -6.3, -4.1%; GPT-39B 8x8 at 80 GiB -0.7%; GPT-175B 16x16 at 80 GiB +10.6% (README "Frontier
+    plan"). Without the tie-break by bytes over every row, strategies that hold no bytes at the
+    start points collapse to one: the GPT of test_memory_plans' promise test at 0.8 of its free
+    peak cost +35% (-0.2% with it)."""
     ilp = problem.ilp
     gs = np.asarray(ilp.group_var_start, dtype=np.int64)
     plan = np.asarray(assignment, dtype=np.int64)
