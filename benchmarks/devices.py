@@ -30,16 +30,16 @@ def planner_log() -> None:
 
 def copy_rounds_only() -> None:
     """Fit budgeted plans with the reshard-copy rounds only, without the exact-copy plan first
-    (``alpa_pass.driver.budget.EXACT_COPY_PLAN``; ``--copy-rounds-only``: the figures before it)."""
-    from alpa_pass.driver import budget
+    (``alpa_pass.driver.exact_fit.EXACT_COPY_PLAN``; ``--copy-rounds-only``: the figures before it)."""
+    from alpa_pass.driver import exact_fit
 
-    budget.EXACT_COPY_PLAN = False
+    exact_fit.EXACT_COPY_PLAN = False
 
 
 def no_frontier() -> None:
     """Take every first budgeted plan from the LP with memory rows (its support's restricted MIP),
     never from the exact-copy MIP over the free plan's frontier strategies
-    (``alpa_pass.driver.budget.FRONTIER_PLAN``; ``--no-frontier``: the figures before it)."""
-    from alpa_pass.driver import budget
+    (``alpa_pass.driver.exact_fit.FRONTIER_PLAN``; ``--no-frontier``: the figures before it)."""
+    from alpa_pass.driver import exact_fit
 
-    budget.FRONTIER_PLAN = False
+    exact_fit.FRONTIER_PLAN = False

@@ -164,15 +164,15 @@ def test_infeasible_after_copy_rounds_names_a_plan_seen(monkeypatch):
     """MoE on 2x4 at 0.9 of the free plan's peak: no copy round's plan fits with its copies, nor the
     least-memory plan (its rows ignore copies: it peaked above the free plan, 138568 B against
     120360); the error names the least peak of the plans solved, which that plan meets. The
-    exact-copy plan (``driver.budget.EXACT_COPY_PLAN``) fits that budget: with it, a plan."""
-    from alpa_pass.driver import budget as budget_module
+    exact-copy plan (``driver.exact_fit.EXACT_COPY_PLAN``) fits that budget: with it, a plan."""
+    from alpa_pass.driver import exact_fit
 
     step, state, batch = _step_and_args(moe, moe.Config(experts=8, top_k=2))
     free = _parallel(step, (2, 4), donate=False).plan(state, batch)
     budget = int(free.predicted_peak_bytes * 0.9)
     plan = _parallel(step, (2, 4), budget, donate=False).plan(state, batch)
     assert plan.predicted_peak_bytes <= budget and plan.solver_status == "exact-copy plan"
-    monkeypatch.setattr(budget_module, "EXACT_COPY_PLAN", False)
+    monkeypatch.setattr(exact_fit, "EXACT_COPY_PLAN", False)
     with pytest.raises(InfeasibleError) as info:
         _parallel(step, (2, 4), budget, donate=False).plan(state, batch)
     assert budget < info.value.smallest_feasible_bytes <= free.predicted_peak_bytes

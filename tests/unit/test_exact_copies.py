@@ -7,11 +7,10 @@ import pytest
 import scipy.sparse as sp
 
 import alpa_pass as ap
-from alpa_pass.driver import budget as budget_module
 from alpa_pass import _core
-from alpa_pass.driver import exact_copies
-from alpa_pass.driver.exact_copies import (EXACT_STATUS, CopyColumns, exact_copy_solution, frontier_columns, row_peaks,
-                                           start_points, value_rows)
+from alpa_pass.driver import exact_copies, exact_fit
+from alpa_pass.driver.exact_copies import (EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks, start_points,
+                                           value_rows)
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix
 from alpa_pass.solve.highs import SolveOptions
@@ -24,11 +23,11 @@ MESH = (2, 4)
 
 
 def _plan(budget, exact=True, seen=None, frontier=False):
-    """The tiny GPT planned on MESH under ``budget`` (``budget.EXACT_COPY_PLAN = exact``,
-    ``budget.FRONTIER_PLAN = frontier``: off, the first budgeted plan is the LP support's); ``seen``
+    """The tiny GPT planned on MESH under ``budget`` (``exact_fit.EXACT_COPY_PLAN = exact``,
+    ``exact_fit.FRONTIER_PLAN = frontier``: off, the first budgeted plan is the LP support's); ``seen``
     gets the graph, problems and first budgeted plan ``exact_copy_fit`` was given, and its result."""
     optimizer = default_optimizer()
-    fit, mode, first = budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN, budget_module.FRONTIER_PLAN
+    fit, mode, first = exact_fit.exact_copy_fit, exact_fit.EXACT_COPY_PLAN, exact_fit.FRONTIER_PLAN
 
     def capture(copies, base, problem, solution, *args):
         out = fit(copies, base, problem, solution, *args)
@@ -37,15 +36,15 @@ def _plan(budget, exact=True, seen=None, frontier=False):
                         counted=len(copies))
         return out
 
-    budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = capture, exact
-    budget_module.FRONTIER_PLAN = frontier
+    exact_fit.exact_copy_fit, exact_fit.EXACT_COPY_PLAN = capture, exact
+    exact_fit.FRONTIER_PLAN = frontier
     try:
         plan, _, _ = make_plan(gpt.make_train_step(optimizer, CONFIG), abstract_inputs(CONFIG, optimizer),
                                ap.LogicalMesh(shape=MESH), ap.AutoShardingOption(memory_budget_per_device=budget),
                                donate_argnums=(0,))
     finally:
-        budget_module.exact_copy_fit, budget_module.EXACT_COPY_PLAN = fit, mode
-        budget_module.FRONTIER_PLAN = first
+        exact_fit.exact_copy_fit, exact_fit.EXACT_COPY_PLAN = fit, mode
+        exact_fit.FRONTIER_PLAN = first
     return plan
 
 
@@ -176,19 +175,19 @@ def frontier(captured):
         seen["used"] = columns(problem, assignment)
         return seen["used"]
 
-    planned = budget_module.frontier_plan
+    planned = exact_fit.frontier_plan
 
     def capture_plan(*args):
         seen["solution"] = planned(*args)
         return seen["solution"]
 
-    exact_copies.frontier_columns = budget_module.frontier_columns = capture
-    budget_module.frontier_plan = capture_plan
+    exact_copies.frontier_columns = exact_fit.frontier_columns = capture
+    exact_fit.frontier_plan = capture_plan
     try:
         seen["plan"] = _plan(budget, frontier=True)
     finally:
-        exact_copies.frontier_columns = budget_module.frontier_columns = columns
-        budget_module.frontier_plan = planned
+        exact_copies.frontier_columns = exact_fit.frontier_columns = columns
+        exact_fit.frontier_plan = planned
     assert "used" in seen, "the free plan fits: no frontier plan"
     return seen, budget
 

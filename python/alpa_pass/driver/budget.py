@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from alpa_pass import _core
-from alpa_pass.driver.exact_copies import exact_copy_solution, frontier_columns
+from alpa_pass.driver import exact_fit
 from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_rows, undominated_memory_rows
 from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.errors import InfeasibleError, SolverError
@@ -74,9 +74,9 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
     and feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
     ILP is solved with every memory row no other row dominates. A default budget is often met by
     the free plan (one solve, no rows). When the free plan's peak with its reshard copies is over
-    ``FRONTIER_OVER`` times the budget, the exact-copy plan over its frontier strategies
-    (``frontier_plan``: no LP) is the first budgeted plan when it has one. ``hint``: a plan of a similar problem whose nearly full
-    rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
+    ``exact_fit.FRONTIER_OVER`` times the budget, the exact-copy plan over its frontier strategies
+    (``exact_fit.frontier_plan``: no LP) is the first budgeted plan when it has one. ``hint``: a
+    plan of a similar problem whose nearly full rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
     ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
     budgeted solve (then ``copies.problem`` is the problem solved). ``start``: a plan (a strategy
     per group) meeting every row, each solve's first incumbent (and the ``hint`` when none is
@@ -134,25 +134,21 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
-# A budgeted plan over the budget with its reshard copies first gets exact_copy_fit's plan (False:
-# the copy rounds only, fit_reshard_copies and finish_draft).
-EXACT_COPY_PLAN = True
-
-
 def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, budget: int | None,
                       rounds: SolveOptions, options: SolveOptions, where: str) -> tuple:
     """(problem, solution) whose plan fits ``budget`` with its reshard copies, from the first budgeted
     plan ``solution`` of ``problem`` (``base``: the problem without counted copies).
 
-    The exact-copy plan (``exact_copy_fit``) is kept when it is within ``options.support_gap`` of the
-    first LP's bound (what the LP-support path accepts: the copy rounds are not run); otherwise the
+    The exact-copy plan (``exact_fit.exact_copy_fit``) is kept when it is within
+    ``options.support_gap`` of the first LP's bound (what the LP-support path accepts: the copy rounds are not run); otherwise the
     copy rounds (``fit_reshard_copies``, ``rounds``: their options) and ``finish_draft`` run and the
     cheaper of their plan and the exact-copy one is kept. (When ``problem`` counts the free plan's
     copies, ``FREE_COPIES_WITHIN``, that LP's bound is of an overcounting problem, not a relaxation.)
     s24 (2-core VM, solve seconds, rounds only -> this): GPT 1.3B 2x4 at 12 / 13 GiB 25 -> 14 s and
     13.3% / 17.8% cheaper (the exact plan alone); LLaMA-8B 8x8 at 30 GiB 21 -> 27 s, 1.9% cheaper, at
     33 GiB 12 -> 17 s, the same plan (both run; README "Exact copies")."""
-    exact = exact_copy_fit(copies, base, problem, solution, budget, options, where) if EXACT_COPY_PLAN else None
+    exact = (exact_fit.exact_copy_fit(copies, base, problem, solution, budget, options, where)
+             if exact_fit.EXACT_COPY_PLAN else None)
     if exact is not None and options.support_gap is not None and exact.mip_gap <= options.support_gap:
         log.info("alpa_pass: mesh %s: the exact-copy plan is within %g of the LP bound (%.3g); kept without "
                  "copy rounds", where, options.support_gap, exact.mip_gap)
@@ -171,74 +167,6 @@ def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, 
     log.info("alpa_pass: mesh %s: exact-copy plan %.6g, the copy rounds' %.6g: the %s kept", where, exact.objective,
              solution.objective, "exact-copy plan" if keep else "rounds' plan")
     return (base, exact) if keep else (problem, solution)
-
-
-def exact_copy_fit(copies: ReshardCopies, base, problem, solution: Solution, budget: int | None,
-                   options: SolveOptions, where: str) -> Solution | None:
-    """The plan of ``driver.exact_copies.exact_copy_solution`` around ``solution`` (a budgeted plan
-    of ``problem``) when ``solution`` does not fit ``budget`` with its reshard copies and that plan
-    does (its peak with every copy, ``predicted_peak``); else None. ``base``: the problem without
-    counted copies (``problem`` may count the free plan's). The restricted MIP keeps the LP
-    support's strategies and the plan's, then, when they admit no plan, each group's least-memory
-    strategies too."""
-    if budget is None or base.num_memory_rows == 0 or copies.graph is None or solution.support is None:
-        return None
-    if copies.seen(problem, solution.assignment) <= budget * (1 + 1e-9):
-        return None
-    # (least-memory strategies first: GPT 1.3B 13 GiB 5 -> 31 s, 3% cheaper)
-    return _exact_plan_that_fits(copies, base, solution, budget, options, where,
-                                 (dict(least_memory=False), dict(least_memory=True)))
-
-
-# The first budgeted plan is the exact-copy plan over the free plan's frontier strategies
-# (frontier_plan) when that has one (False: the LP-support path of solve_within_budget always)...
-FRONTIER_PLAN = True
-# ...and the free plan's peak with its reshard copies exceeds the budget by more than this factor.
-# Nearer, the LP-support path's first plan mostly fits with its copies at once, and is as fast and
-# no costlier (s25, solve s, LP path vs frontier: LLaMA-8B 8x8 at 40 GiB (free 1.06x) 3.7 vs 5.8 s,
-# +0.05% with the frontier; at 37 GiB (1.15x) 5.2 vs 8.5 s, -0.8%; the MoE of
-# test_refine_unmerged at 0.95 of its free peak: +14% with the frontier). Further, the LP path
-# runs copy rounds (GPT 1.3B 2x4 at 16 GiB (1.16x) 22.6 vs 10.6 s, -3.2%).
-FRONTIER_OVER = 1.15
-
-
-def frontier_plan(copies: ReshardCopies, problem, solution: Solution, options: SolveOptions,
-                  where: str) -> Solution | None:
-    """The exact-copy plan (``driver.exact_copies``) of ``problem`` (no copies counted; its memory
-    rows at the budget) over ``frontier_columns`` of the free plan ``solution``, when it fits the
-    budget with every copy; else None. No LP with memory rows is solved (3-10x the free LP: s22),
-    so the plan has no bound (``mip_gap`` NaN). Not tried when ``options`` want proven plans
-    (``support_gap`` None) or without the graph; under a cutoff (``objective_bound``, a mesh
-    search) only a plan below it is returned."""
-    if not (EXACT_COPY_PLAN and FRONTIER_PLAN) or options.support_gap is None or copies.graph is None:
-        return None
-    found = _exact_plan_that_fits(copies, problem, solution, float(problem.memory_row_upper), options, where,
-                                  (dict(used=frontier_columns(problem, solution.assignment)),))
-    if found is not None and options.objective_bound is not None and found.objective >= options.objective_bound:
-        return None
-    return found
-
-
-def _exact_plan_that_fits(copies: ReshardCopies, base, solution: Solution, budget: float, options: SolveOptions,
-                          where: str, attempts) -> Solution | None:
-    """The first plan ``exact_copy_solution`` finds around ``solution`` with each of ``attempts``
-    (its keyword arguments) in turn, when it fits ``budget`` with every copy (``predicted_peak``);
-    else that MIP once more with columns for every copy (no size cut); else None."""
-    for attempt in attempts:
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt)
-        if found is not None:
-            break
-    if found is None:
-        return None
-    peak = copies.seen(base, found.assignment)
-    if peak > budget * (1 + 1e-9):  # (at a point the MIP bounds: copies below its size cut)
-        log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %s GiB with every copy; solving again with "
-                 "columns for the small ones too", where, _gib(peak))
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt,
-                                    min_bytes=0.0)
-        if found is None or copies.seen(base, found.assignment) > budget * (1 + 1e-9):
-            return None
-    return found
 
 
 def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budget: int | None,
@@ -389,14 +317,16 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
     dominator is broken too, and implies it) and solves again. A plan that meets every row is the
     budgeted optimum (within the MIP gap): it is optimal for a relaxation (fewer rows) and
     feasible; a relaxation with no plan proves the ILP has none (InfeasibleError). A free plan
-    (round 0, no ``hint``, ``start``, ``candidate`` or ``support``) over ``FRONTIER_OVER`` times the
-    budget with its copies is followed by ``frontier_plan``, whose plan, when it has one, is
+    (round 0, no ``hint``, ``start``, ``candidate`` or ``support``) over ``exact_fit.FRONTIER_OVER``
+    times the budget with its copies is followed by ``exact_fit.frontier_plan``, whose plan, when it has one, is
     returned instead (it fits with every copy). Only finished
     solves count (a time-limited one or ``MAX_ROW_ROUNDS`` rounds give None), so the result does
     not depend on the machine. ``start``: a plan meeting every row, every solve's first incumbent
     (a solve stopped by a node limit counts as finished: its plan is then not proven optimal).
     ``candidate``, ``support``: ``solve_ilp``'s; each round's support goes to the next."""
     upper = float(problem.memory_row_upper)
+    # (the frontier plan replaces a first budgeted solve from scratch only)
+    frontier = hint is None and copies is not None and start is None and candidate is None and support is None
 
     def rows_near(assignment):
         near = problem.memory_row_activity(np.asarray(assignment, dtype=np.int64)) > upper * HINT_ROW_FRACTION
@@ -427,9 +357,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         assignment = np.asarray(solution.assignment, dtype=np.int64)
         support = solution.support  # (the next round solves a restriction: more rows or copies)
         free_peak = copies.seen(problem, assignment) if round_ == 0 and hint is None and copies is not None else 0.0
-        if free_peak > upper * FRONTIER_OVER and unswapped is None and start is None and candidate is None \
-                and support is None:
-            found = frontier_plan(copies, problem, solution, options, where)
+        if frontier and round_ == 0 and free_peak > upper * exact_fit.FRONTIER_OVER:
+            found = exact_fit.frontier_plan(copies, problem, solution, options, where)
             if found is not None:
                 return found, problem
         if upper < free_peak <= upper * FREE_COPIES_WITHIN:

@@ -27,7 +27,7 @@ The MIP is restricted (like ``solve.support``'s): the strategies of the first bu
 support and its plan (each group's least-memory strategies too when those admit no plan), or, when
 the free plan is far over the budget, ``frontier_columns``: the free plan's, each group's
 least-memory ones and those on each group's (bytes, cost) frontier, with no LP solved at all
-(``driver.budget.frontier_plan``). It bounds
+(``driver.exact_fit.frontier_plan``). It bounds
 the memory at program points: first those of the ``START_ROWS`` memory rows that plan fills most;
 a plan that breaks another row with its copies, or whose copies make a point no memory row holds
 its peak, adds those points and is solved again. Candidates: every value read in a layout some

@@ -13,7 +13,6 @@ import math
 import time
 
 import jax
-import numpy as np
 from jax.sharding import PartitionSpec
 
 from alpa_pass import _core
