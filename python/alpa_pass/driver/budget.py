@@ -68,24 +68,25 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                         support: Support | None = None, explain: bool = True) -> Solution:
     """Solve ``problem`` (a ``_core.ShardingProblem``; its memory rows when ``budget``).
 
-    The memory rows stay out of ``problem.ilp`` (``_core`` memory.h MemoryRows: thousands of rows
-    over most groups on a large model) and are added lazily (:func:`_solve_with_row_generation`):
-    the ILP is solved without them (a plan meeting them all is the optimum: that of a relaxation,
-    and feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the
-    ILP is solved with every memory row no other row dominates. A default budget is often met by
-    the free plan (one solve, no rows). When the free plan's peak with its reshard copies is over
+    The memory rows stay out of ``problem.ilp`` (``_core`` memory.h MemoryRows: thousands of rows over
+    most groups on a large model) and are added lazily (:func:`_solve_with_row_generation`): the
+    ILP is solved without them (a plan meeting them all is the optimum: that of a relaxation, and
+    feasible), then, for ``MAX_ROW_ROUNDS`` rounds, with the rows the plans broke; then the ILP is
+    solved with every memory row no other row dominates. A default budget is often met by the free
+    plan (one solve, no rows). When the free plan's peak with its reshard copies is over
     ``exact_fit.FRONTIER_OVER`` times the budget, the exact-copy plan over its frontier strategies
     (``exact_fit.frontier_plan``: no LP) is the first budgeted plan when it has one. ``hint``: a
-    plan of a similar problem whose nearly full rows start in the ILP (see ``_solve_with_row_generation``). ``copies``: the problem's
-    ``ReshardCopies``: those of a free plan that nearly fits are counted before the first
-    budgeted solve (then ``copies.problem`` is the problem solved). ``start``: a plan (a strategy
-    per group) meeting every row, each solve's first incumbent (and the ``hint`` when none is
-    given): the result is never worse. ``candidate`` and ``support``: ``solve_ilp``'s, for the
-    LP-support solves (``support``: of a relaxation of ``problem``; each row round passes its
-    own on to the next, a restriction of it). ``explain=False``: an InfeasibleError is raised as
-    found, without the least-memory plan and the lower bound its message would name (the callers
-    that catch it: ``fit_reshard_copies`` backs off or falls back to the least-memory plan itself;
-    a GPT-39B 8x8 80 GiB run with two such rounds: 41 and 39 s each -> 0.6 s, wall 130 -> 55 s).
+    plan of a similar problem whose nearly full rows start in the ILP (see
+    ``_solve_with_row_generation``). ``copies``: the problem's ``ReshardCopies``: those of a free
+    plan that nearly fits are counted before the first budgeted solve (then ``copies.problem`` is
+    the problem solved). ``start``: a plan (a strategy per group) meeting every row, each solve's
+    first incumbent (and the ``hint`` when none is given): the result is never worse. ``candidate``
+    and ``support``: ``solve_ilp``'s, for the LP-support solves (``support``: of a relaxation of
+    ``problem``; each row round passes its own on to the next, a restriction of it).
+    ``explain=False``: an InfeasibleError is raised as found, without the least-memory plan and the
+    lower bound its message would name (the callers that catch it: ``fit_reshard_copies`` backs off
+    or falls back to the least-memory plan itself; a GPT-39B 8x8 80 GiB run with two such rounds:
+    41 and 39 s each -> 0.6 s, wall 130 -> 55 s).
 
     When HiGHS stops without a plan and a budget is set, the least-memory plan decides: one under
     the budget is handed to HiGHS as its first incumbent (a plan is returned, never "no feasible
@@ -140,13 +141,14 @@ def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, 
     plan ``solution`` of ``problem`` (``base``: the problem without counted copies).
 
     The exact-copy plan (``exact_fit.exact_copy_fit``) is kept when it is within
-    ``options.support_gap`` of the first LP's bound (what the LP-support path accepts: the copy rounds are not run); otherwise the
-    copy rounds (``fit_reshard_copies``, ``rounds``: their options) and ``finish_draft`` run and the
-    cheaper of their plan and the exact-copy one is kept. (When ``problem`` counts the free plan's
-    copies, ``FREE_COPIES_WITHIN``, that LP's bound is of an overcounting problem, not a relaxation.)
-    s24 (2-core VM, solve seconds, rounds only -> this): GPT 1.3B 2x4 at 12 / 13 GiB 25 -> 14 s and
-    13.3% / 17.8% cheaper (the exact plan alone); LLaMA-8B 8x8 at 30 GiB 21 -> 27 s, 1.9% cheaper, at
-    33 GiB 12 -> 17 s, the same plan (both run; README "Exact copies")."""
+    ``options.support_gap`` of the first LP's bound (what the LP-support path accepts: the copy
+    rounds are not run); otherwise the copy rounds (``fit_reshard_copies``, ``rounds``: their
+    options) and ``finish_draft`` run and the cheaper of their plan and the exact-copy one is kept.
+    (When ``problem`` counts the free plan's copies, ``FREE_COPIES_WITHIN``, that LP's bound is of
+    an overcounting problem, not a relaxation.) s24 (2-core VM, solve seconds, rounds only ->
+    this): GPT 1.3B 2x4 at 12 / 13 GiB 25 -> 14 s and 13.3% / 17.8% cheaper (the exact plan alone);
+    LLaMA-8B 8x8 at 30 GiB 21 -> 27 s, 1.9% cheaper, at 33 GiB 12 -> 17 s, the same plan (both run;
+    README "Exact copies")."""
     exact = (exact_fit.exact_copy_fit(copies, base, problem, solution, budget, options, where)
              if exact_fit.EXACT_COPY_PLAN else None)
     if exact is not None and options.support_gap is not None and exact.mip_gap <= options.support_gap:
