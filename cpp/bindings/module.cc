@@ -296,6 +296,13 @@ void bind_ilp(nb::module_& m) {
   m.def("evaluate", [](const IlpProblem& p, In1<int64_t> a) { return evaluate(p, to_vector(a)); },
         "ilp"_a, "assignment"_a,
         "Objective and violated rows of one strategy index per group (no solver).");
+  m.def("one_group_changed", [](const IlpProblem& p, In1<int64_t> a) {
+    std::vector<double> out = one_group_changed(p, to_vector(a));
+    const size_t n = out.size();
+    return to_numpy(std::move(out), {n});
+  }, "ilp"_a, "assignment"_a,
+     "float64 per s-column: the objective of the assignment with only that column's group changed\n"
+     "to it (evaluate()'s objective, one pass; equalities and linear rows not checked).");
   m.def("evaluate_columns", [](const IlpProblem& p, In1<double> x, double tol) {
     return evaluate_columns(p, to_vector(x), tol);
   }, "ilp"_a, "x"_a, "tol"_a = 1e-6,

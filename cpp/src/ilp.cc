@@ -390,6 +390,31 @@ EvalResult evaluate(const IlpProblem& p, const std::vector<int64_t>& assignment)
   return r;
 }
 
+std::vector<double> one_group_changed(const IlpProblem& p, const std::vector<int64_t>& assignment) {
+  const double base = evaluate(p, assignment).objective;  // (checks the assignment)
+  const int64_t G = p.num_groups();
+  std::vector<int64_t> start(G + 1, 0);
+  for (int64_t g = 0; g < G; ++g) start[g + 1] = start[g] + static_cast<int64_t>(p.group_costs[g].size());
+  std::vector<double> out(start[G]);
+  for (int64_t g = 0; g < G; ++g) {
+    const std::vector<double>& c = p.group_costs[g];
+    for (size_t k = 0; k < c.size(); ++k) out[start[g] + k] = base - c[assignment[g]] + c[k];
+  }
+  for (const IlpEdge& e : p.edges) {
+    const auto su = static_cast<int64_t>(p.group_costs[e.u].size());
+    const auto sv = static_cast<int64_t>(p.group_costs[e.v].size());
+    const int64_t au = assignment[e.u], av = assignment[e.v];
+    const double now = e.cost[au * sv + av];
+    if (e.u == e.v) {  // (a group's edge to itself: both ends change together)
+      for (int64_t k = 0; k < su; ++k) out[start[e.u] + k] += e.cost[k * sv + k] - now;
+      continue;
+    }
+    for (int64_t k = 0; k < su; ++k) out[start[e.u] + k] += e.cost[k * sv + av] - now;
+    for (int64_t k = 0; k < sv; ++k) out[start[e.v] + k] += e.cost[au * sv + k] - now;
+  }
+  return out;
+}
+
 IlpProblem min_max_row_problem(const IlpProblem& p) {
   if (p.linear_rows.empty()) {
     throw std::invalid_argument("min_max_row_problem needs a problem with linear rows");

@@ -650,6 +650,12 @@ def evaluate(ilp: IlpProblem, assignment: Annotated[NDArray[numpy.int64], dict(s
     Objective and violated rows of one strategy index per group (no solver).
     """
 
+def one_group_changed(ilp: IlpProblem, assignment: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> NDArray[numpy.float64]:
+    """
+    float64 per s-column: the objective of the assignment with only that column's group changed
+    to it (evaluate()'s objective, one pass; equalities and linear rows not checked).
+    """
+
 def evaluate_columns(ilp: IlpProblem, x: Annotated[NDArray[numpy.float64], dict(shape=(None,), order='C', device='cpu', writable=False)], tol: float = 1e-06) -> EvalResult:
     """
     Objective c.x + offset and violated bounds, rows and integrality of a column vector.

@@ -105,6 +105,31 @@ def test_folding_self_single_and_parallel_edges():
             _core.evaluate(ilp, a).objective)
 
 
+def test_one_group_changed_is_evaluate_with_that_group_changed():
+    # self, single-strategy, parallel and reversed edges (the folding case) and the chain
+    folding = ([np.array([1.0, 2.0]), np.array([3.0]), np.array([0.0, 0.5, 0.0]), np.array([5.0])],
+               [(0, 0, np.array([[10.0, 99.0], [99.0, 20.0]])), (0, 1, np.array([[1.0], [2.0]])),
+                (1, 2, np.array([[4.0, 5.0, 6.0]])), (1, 3, np.array([[7.0]])),
+                (0, 2, np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])),
+                (2, 0, np.array([[10.0, 40.0], [20.0, 50.0], [30.0, 60.0]]))])
+    for groups, edges in (chain(), folding):
+        ilp = _core.build_ilp(groups, edges)
+        gs = np.asarray(ilp.group_var_start)
+        for a in itertools.product(*(range(len(c)) for c in groups)):
+            a = np.array(a, dtype=np.int64)
+            got = _core.one_group_changed(ilp, a)
+            assert got.shape == (gs[-1] - gs[0],)
+            want = []
+            for g, costs in enumerate(groups):
+                for k in range(len(costs)):
+                    b = a.copy()
+                    b[g] = k
+                    want.append(_core.evaluate(ilp, b).objective)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError):
+        _core.one_group_changed(ilp, np.array([0, 0, 5, 0], dtype=np.int64))
+
+
 def test_equalities_rows_and_bounds():
     groups = [np.zeros(3), np.zeros(2)]
     ilp = _core.build_ilp(groups, [], [(0, 1, np.array([1, 0, -1]))])

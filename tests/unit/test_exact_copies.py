@@ -213,16 +213,9 @@ def test_frontier_columns_keep_the_plan_the_least_memory_and_every_undominated_s
     fewest = np.asarray([int(np.argmin(np.where(allowed, memory, np.inf)[a:b]))
                          for a, b in zip(gs[:-1] - gs[0], gs[1:] - gs[0])])
 
-    def changed(plan):
-        out = np.empty(keep.size)
-        for g in range(gs.size - 1):
-            for k in range(gs[g + 1] - gs[g]):
-                other = plan.copy()
-                other[g] = k
-                out[gs[g] - gs[0] + k] = _core.evaluate(ilp, other).objective
-        return out
-
-    costs = [np.asarray(ilp.col_cost)[gs[0]:gs[-1]], changed(free), changed(fewest)]
+    # (one_group_changed: evaluate with one group changed, test_core_ilp)
+    costs = [np.asarray(ilp.col_cost)[gs[0]:gs[-1]], _core.one_group_changed(ilp, free),
+             _core.one_group_changed(ilp, fewest.astype(np.int64))]
     left_out = 0
     for g in range(gs.size - 1):
         a, b = gs[g] - gs[0], gs[g + 1] - gs[0]

@@ -83,6 +83,10 @@ struct EvalResult {
 
 // From a strategy index per group (no solver).
 EvalResult evaluate(const IlpProblem& p, const std::vector<int64_t>& assignment);
+// Per s-column of group g (in group_var_start order): the objective of `assignment` with only
+// g's strategy changed to that column's (evaluate()'s objective; equalities and linear rows are not
+// checked). One pass over the groups and edges, not one evaluate() per column.
+std::vector<double> one_group_changed(const IlpProblem& p, const std::vector<int64_t>& assignment);
 // From a full column vector: objective c.x + offset, and violated bounds / rows / integrality.
 EvalResult evaluate_columns(const IlpProblem& p, const std::vector<double>& x, double tol = 1e-6);
 // Strategy index per group from a column vector (argmax of each group's s-columns).
