@@ -373,7 +373,10 @@ def exact_copy_solution(problem, graph, solution: Solution, mesh_shape, options,
         if round_ == MAX_ROW_ROUNDS:
             return None
         active = np.union1d(active, over)
-        copies.add_spanning(over)
+        added = copies.add_spanning(over)
+        log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %.4g GiB with every copy at points %s (budget "
+                 "%.4g GiB): solving again with them bounded (%d more candidate copies)", where, peak / 2**30,
+                 ",".join(map(str, over[:8])), upper / 2**30, added)
     objective = float(_core.evaluate(ilp, assignment).objective)
     bound = math.nan if solution.support is None else float(solution.support.bound)
     gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
