@@ -238,7 +238,7 @@ def test_frontier_columns_keep_the_plan_the_least_memory_and_every_undominated_s
 
 
 def test_the_first_budgeted_plan_is_the_frontier_plan_within_the_lp_bound(captured, frontier):
-    lp_path, budget, lp_plan = captured
+    lp_path, budget, _ = captured
     seen, _ = frontier
     plan, used, solution = seen["plan"], seen["used"], seen["solution"]
     assert solution is not None and plan.solver_status == EXACT_STATUS
@@ -250,8 +250,8 @@ def test_the_first_budgeted_plan_is_the_frontier_plan_within_the_lp_bound(captur
     assert problem.predicted_peak(assignment)[0] <= budget * (1 + 1e-9)
     gs = np.asarray(problem.ilp.group_var_start)
     assert used[gs[:-1] + assignment].all()  # (its strategies are the frontier's)
-    # it meets the memory rows, so the LP-support path's first LP bound (memory rows, no copies)
-    # bounds it: within the 1% both MIPs stop at, no plan goes below a relaxation's optimum
+    # it meets the memory rows, so the LP-support path's first LP (memory rows, no copies: a
+    # relaxation of its problem) bounds it from below
     bound = lp_path["solution"].support.bound
     assert plan.objective >= bound * (1 - 1e-9)
     assert solution.objective == pytest.approx(float(_core.evaluate(problem.ilp, assignment).objective), rel=1e-12)
