@@ -220,6 +220,18 @@ void bind_problem(nb::module_& m) {
       }, "assignment"_a,
            "[(consumer, operand, layout, start, end, bytes)]: the reshard copies of a strategy per\n"
            "group, one per consumer reading one (problem.h reshard_copies).")
+      .def("copy_candidates", [](const ShardingProblem& p, In1<uint8_t> used, double min_bytes) {
+        CopyCandidates c = copy_candidates(p, to_vector(used), min_bytes);
+        auto arr = [](std::vector<int64_t>&& v) { const size_t k = v.size(); return to_numpy(std::move(v), {k}); };
+        const size_t nc = c.bytes.size();
+        return nb::make_tuple(arr(std::move(c.value)), to_numpy(std::move(c.bytes), {nc}),
+                              arr(std::move(c.reader_start)), arr(std::move(c.readers)),
+                              arr(std::move(c.read_start)), arr(std::move(c.reads)),
+                              arr(std::move(c.has_start)), arr(std::move(c.has)));
+      }, "used"_a, "min_bytes"_a,
+         "(value, bytes, reader_start, readers, read_start, reads, has_start, has): the reshard copies a\n"
+         "plan over the ILP columns with used != 0 (uint8 per column) can make, at least min_bytes\n"
+         "global and per device; CSR arrays per candidate (problem.h copy_candidates).")
       .def_ro("ilp", &ShardingProblem::ilp)
       .def_prop_ro("unpinned_uses", [](const ShardingProblem& p) { return view(p, p.unpinned_uses); },
                    "int64[K]: nodes reading a pinned_uses node that no strategy lets read it as pinned.")

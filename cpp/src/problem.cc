@@ -410,6 +410,79 @@ std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vecto
   return out;
 }
 
+CopyCandidates copy_candidates(const ShardingProblem& p, const std::vector<uint8_t>& used, double min_bytes) {
+  const int64_t n = static_cast<int64_t>(p.nodes.size());
+  const std::vector<int64_t>& gs = p.ilp.group_var_start;
+  if (static_cast<int64_t>(used.size()) != p.ilp.num_cols) {
+    throw std::invalid_argument("used has " + std::to_string(used.size()) + " entries, expected one per ILP column (" +
+                                std::to_string(p.ilp.num_cols) + ")");
+  }
+  // each value's reads (consumer, operand) in node order; values in the order of their first read
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> reads_of(n);
+  std::vector<int64_t> order;
+  for (int64_t v = 0; v < n; ++v) {
+    for (int64_t t = 0; t < p.operand_start[v + 1] - p.operand_start[v]; ++t) {
+      const int64_t u = p.operand_ids[p.operand_start[v] + t];
+      if (p.memory.constant[u]) continue;
+      if (reads_of[u].empty()) order.push_back(u);
+      reads_of[u].emplace_back(v, t);
+    }
+  }
+  CopyCandidates out;
+  out.reader_start.push_back(0);
+  out.read_start.push_back(0);
+  out.has_start.push_back(0);
+  for (const int64_t u : order) {
+    const double size = p.value_bytes[u];
+    if (size < min_bytes) continue;  // (no layout makes a copy of it as large)
+    // layouts in the order of their first used read; per layout: reader -> its columns
+    std::vector<Spec> layouts;
+    std::map<Spec, size_t> index;
+    std::vector<std::map<int64_t, std::vector<int64_t>>> by_reader;
+    for (const auto& [v, t] : reads_of[u]) {
+      const int64_t base = gs[p.node_group[v]];
+      const auto& list = p.nodes[v].list;
+      for (size_t k = 0; k < list.size(); ++k) {
+        if (!used[base + static_cast<int64_t>(k)]) continue;
+        const Spec& layout = list[k].ins[t];
+        const auto [it, fresh] = index.try_emplace(layout, layouts.size());
+        if (fresh) {
+          layouts.push_back(layout);
+          by_reader.emplace_back();
+        }
+        by_reader[it->second][v].push_back(base + static_cast<int64_t>(k));
+      }
+    }
+    const int64_t ubase = gs[p.node_group[u]];
+    const auto& made = p.nodes[u].list;
+    for (size_t l = 0; l < layouts.size(); ++l) {
+      const Spec& layout = layouts[l];
+      const double per_device = size / static_cast<double>(num_shards(layout, p.mesh));
+      if (per_device < min_bytes) continue;
+      bool always = true;  // every used strategy of the producer makes it
+      for (size_t k = 0; k < made.size() && always; ++k) {
+        always = made[k].out == layout || !used[ubase + static_cast<int64_t>(k)];
+      }
+      if (always) continue;
+      out.value.push_back(u);
+      out.bytes.push_back(per_device);
+      for (auto& [v, cols] : by_reader[l]) {
+        std::sort(cols.begin(), cols.end());
+        cols.erase(std::unique(cols.begin(), cols.end()), cols.end());
+        out.readers.push_back(v);
+        out.reads.insert(out.reads.end(), cols.begin(), cols.end());
+        out.read_start.push_back(static_cast<int64_t>(out.reads.size()));
+      }
+      out.reader_start.push_back(static_cast<int64_t>(out.readers.size()));
+      for (size_t k = 0; k < made.size(); ++k) {
+        if (made[k].out == layout) out.has.push_back(ubase + static_cast<int64_t>(k));
+      }
+      out.has_start.push_back(static_cast<int64_t>(out.has.size()));
+    }
+  }
+  return out;
+}
+
 IlpProblem ilp_with_memory_rows(const ShardingProblem& p, const std::vector<int64_t>* which) {
   return build_ilp(p.ilp.group_costs, p.ilp.edges, p.ilp.equalities,
                    materialise_memory_rows(p.memory, p.nodes, p.node_group, p.memory_rows, which));

@@ -531,6 +531,13 @@ class ShardingProblem:
         group, one per consumer reading one (problem.h reshard_copies).
         """
 
+    def copy_candidates(self, used: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)], min_bytes: float) -> tuple:
+        """
+        (value, bytes, reader_start, readers, read_start, reads, has_start, has): the reshard copies a
+        plan over the ILP columns with used != 0 (uint8 per column) can make, at least min_bytes
+        global and per device; CSR arrays per candidate (problem.h copy_candidates).
+        """
+
     @property
     def ilp(self) -> IlpProblem: ...
 

@@ -62,10 +62,10 @@ def captured():
 @pytest.mark.parametrize("pairwise", [0, 3])  # prefix/suffix columns for all; pairwise rows up to 3 readers
 def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise):
     seen, _, _ = captured
-    graph, problem, solution = seen["graph"], seen["base"], seen["solution"]
+    problem, solution = seen["base"], seen["solution"]
     gs = np.asarray(problem.ilp.group_var_start)
     points = np.asarray(problem.memory_row_points)
-    copies = CopyColumns(problem, graph, MESH, np.ones(int(problem.ilp.num_cols), dtype=bool), points, 0.0, pairwise)
+    copies = CopyColumns(problem, np.ones(int(problem.ilp.num_cols), dtype=bool), points, 0.0, pairwise)
     assert any(r[2] is None for r in copies.records) == bool(pairwise)
     assert copies.candidates > 0
     rows = sp.hstack([memory_row_matrix(problem), sp.csr_matrix((points.size, copies.count))]).tocsr() \
@@ -100,6 +100,26 @@ def test_copy_columns_count_each_plans_reshard_copies_exactly(captured, pairwise
     assert with_copies >= 5  # the check is about copies: most of these plans make some
 
 
+def test_copy_candidates_read_only_used_strategies_and_keep_only_large_copies(captured):
+    seen, budget, _ = captured
+    problem, solution = seen["base"], seen["solution"]
+    n = int(problem.ilp.num_cols)
+    every = problem.copy_candidates(np.ones(n, dtype=np.uint8), 0.0)
+    used = exact_copies.frontier_columns(problem, solution.assignment)
+    cut = budget * 2.0 ** -9
+    value, size, reader_start, readers, read_start, reads, has_start, has = problem.copy_candidates(
+        used.astype(np.uint8), cut)
+    assert 0 < size.size < every[1].size
+    assert size.min() >= cut and used[reads].all()
+    assert reader_start[-1] == readers.size and read_start[-1] == reads.size and has_start[-1] == has.size
+    for c in range(size.size):  # readers ascending, each with at least one column reading the layout
+        rs = readers[reader_start[c]:reader_start[c + 1]]
+        assert rs.size and (np.diff(rs) > 0).all()
+        assert (np.diff(read_start[reader_start[c]:reader_start[c + 1] + 1]) > 0).all()
+    with pytest.raises(ValueError, match="one per ILP column"):
+        problem.copy_candidates(np.ones(3, dtype=np.uint8), 0.0)
+
+
 def test_value_rows_are_the_memory_rows_at_their_points_and_bound_every_point(captured):
     seen, _, _ = captured
     problem, plan = seen["base"], np.asarray(seen["solution"].assignment, dtype=np.int64)
@@ -129,8 +149,7 @@ def test_the_first_budgeted_plan_does_not_fit_with_its_copies(captured):
 def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured, least_memory):
     seen, budget, _ = captured
     base, solution = seen["base"], seen["solution"]
-    found = exact_copy_solution(base, seen["graph"], solution, MESH, SolveOptions(), "2x4", least_memory,
-                                min_bytes=0.0)
+    found = exact_copy_solution(base, solution, SolveOptions(), "2x4", least_memory, min_bytes=0.0)
     if found is None:
         assert not least_memory  # (the LP's support alone may admit no plan; with least-memory strategies it must)
         return

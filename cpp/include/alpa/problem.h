@@ -67,6 +67,24 @@ std::vector<CopyRange> completed_copies(const ShardingProblem& p, const std::vec
 // itself), in consumer order.
 std::vector<CopyRange> reshard_copies(const ShardingProblem& p, const std::vector<int64_t>& group_assignment);
 
+// The reshard copies a plan over the ILP columns with `used[c]` != 0 can make (the exact-copy MIP's
+// candidates, driver/exact_copies.py): one per (value u, layout L) where u is not a constant, some
+// used strategy of a consumer of u reads it in L, and some used strategy of u's producer does not
+// produce L; without those of fewer than `min_bytes` global or per-device bytes. Values in the
+// order of their first read, then layouts in the order of their first used read (consumer, operand,
+// strategy). Spec equality is exact (entries on size-1 mesh axes count).
+struct CopyCandidates {
+  std::vector<int64_t> value;         // per candidate: u
+  std::vector<double> bytes;          // per candidate: per-device bytes of u in L
+  std::vector<int64_t> reader_start;  // per candidate, CSR into `readers`
+  std::vector<int64_t> readers;       // consumers reading u in L under some used strategy, ascending
+  std::vector<int64_t> read_start;    // per reader, CSR into `reads`
+  std::vector<int64_t> reads;         // the used ILP columns of that reader reading u in L, ascending
+  std::vector<int64_t> has_start;     // per candidate, CSR into `has`
+  std::vector<int64_t> has;           // ILP columns of u's producer producing L (used or not)
+};
+CopyCandidates copy_candidates(const ShardingProblem& p, const std::vector<uint8_t>& used, double min_bytes);
+
 // `p.ilp` with the memory rows `which` (ascending indices; all if null) as its linear rows.
 IlpProblem ilp_with_memory_rows(const ShardingProblem& p, const std::vector<int64_t>* which = nullptr);
 

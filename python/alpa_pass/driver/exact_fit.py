@@ -72,7 +72,7 @@ def _exact_plan_that_fits(copies: ReshardCopies, base, solution: Solution, budge
     (its keyword arguments) in turn, when it fits ``budget`` with every copy (``predicted_peak``);
     else that MIP once more with columns for every copy (no size cut); else None."""
     for attempt in attempts:
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt)
+        found = exact_copy_solution(base, solution, options, where, **attempt)
         if found is not None:
             break
     if found is None:
@@ -81,7 +81,7 @@ def _exact_plan_that_fits(copies: ReshardCopies, base, solution: Solution, budge
     if peak > budget * (1 + 1e-9):  # (at a point the MIP bounds: copies below its size cut)
         log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %.4g GiB with every copy; solving again with "
                  "columns for the small ones too", where, peak / 2**30)
-        found = exact_copy_solution(base, copies.graph, solution, copies.mesh_shape, options, where, **attempt,
+        found = exact_copy_solution(base, solution, options, where, **attempt,
                                     min_bytes=0.0)
         if found is None or copies.seen(base, found.assignment) > budget * (1 + 1e-9):
             return None
