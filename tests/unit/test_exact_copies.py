@@ -166,6 +166,46 @@ def test_the_exact_copy_mip_meets_the_budget_with_every_copy(captured, least_mem
         assert (solution.support.columns[chosen] | (found.assignment == solution.assignment)).all()
 
 
+def test_a_plan_breaking_unbounded_points_is_solved_again_with_them(captured, monkeypatch, caplog):
+    # two start points only: the first plan's copies break others; they join and the plan fits
+    seen, budget, _ = captured
+    base, solution = seen["base"], seen["solution"]
+    monkeypatch.setattr(exact_copies, "START_ROWS", 2)
+    with caplog.at_level("INFO", logger="alpa_pass"):
+        found = exact_copy_solution(base, solution, SolveOptions(), "2x4", used=exact_copies.frontier_columns(
+            base, solution.assignment), min_bytes=0.0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("solving again with them bounded" in m for m in messages)
+    assert found is not None and base.predicted_peak(found.assignment)[0] <= budget * (1 + 1e-9)
+    bounded = [int(m.split(" memory points")[0].rsplit(" ", 1)[1]) for m in messages if "exact-copy plan: " in m]
+    assert bounded and bounded[-1] > 2
+
+
+def test_nearby_columns_keep_the_plan_and_strategies_no_heavier_within_the_gap(captured):
+    seen, _, _ = captured
+    base, solution = seen["base"], seen["solution"]
+    plan = np.asarray(solution.assignment, dtype=np.int64)
+    gs = np.asarray(base.ilp.group_var_start)
+    used = exact_copies.frontier_columns(base, plan)
+    active = start_points(base, plan)
+    own = _core.evaluate(base.ilp, plan).objective
+    bound = own * 0.98  # (a stand-in for a MIP's bound below the plan)
+    near = exact_copies._nearby_columns(base, plan, active, used, bound, 0.05)
+    assert near[:gs[0]].all() and near[gs[-1]:].all() and near[gs[:-1] + plan].all()
+    extra = near.copy()
+    extra[gs[:-1] + plan] = False
+    assert not (extra & ~used).any()
+    held = value_rows(base, active)[:, gs[0]:gs[-1]].toarray()
+    changed = _core.one_group_changed(base.ilp, plan)
+    group_of = np.repeat(np.arange(gs.size - 1), np.diff(gs))
+    mine = gs[:-1][group_of] + plan[group_of] - gs[0]
+    fits = (held <= held[:, mine]).all(axis=0) & (changed - bound <= 0.05 * np.abs(changed))
+    others = used[gs[0]:gs[-1]] & ~np.isin(np.arange(gs[-1] - gs[0]), gs[:-1] + plan - gs[0])
+    np.testing.assert_array_equal(near[gs[0]:gs[-1]][others], fits[others])
+    # (each test filters: 678 of the 731 others hold no more bytes, 497 are within the gap, 455 both)
+    assert 0 < fits[others].sum() < ((held <= held[:, mine]).all(axis=0) & others).sum() < others.sum()
+
+
 def test_the_planner_keeps_the_exact_plan_within_the_gap_else_the_cheaper(captured):
     seen, budget, plan = captured
     rounds = _plan(budget, exact=False)
