@@ -8,11 +8,13 @@ import scipy.sparse as sp
 
 import alpa_pass as ap
 from alpa_pass import _core
+from alpa_pass.driver import budget as budget_module
 from alpa_pass.driver import exact_copies, exact_fit
 from alpa_pass.driver.exact_copies import (EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks, start_points,
                                            value_rows)
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix
+from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.solve.highs import SolveOptions
 from alpa_pass.solve.support import least_memory_columns
 from benchmarks.bench_planning import abstract_inputs
@@ -179,6 +181,20 @@ def test_a_plan_breaking_unbounded_points_is_solved_again_with_them(captured, mo
     assert found is not None and base.predicted_peak(found.assignment)[0] <= budget * (1 + 1e-9)
     bounded = [int(m.split(" memory points")[0].rsplit(" ", 1)[1]) for m in messages if "exact-copy plan: " in m]
     assert bounded and bounded[-1] > 2
+
+
+def test_the_least_peak_plan_peaks_between_the_proven_bound_and_the_least_memory_plan(captured):
+    # the InfeasibleError's smallest feasible budget: the least-memory plan minimises its rows, which
+    # count no copies; the exact-copy MIP minimising the peak with every copy names a lower budget
+    seen, _, _ = captured
+    base = seen["base"]
+    copies = ReshardCopies(lambda row_budget: None, MESH, seen["graph"])
+    least, assignment, _ = budget_module.least_memory_plan(base, SolveOptions())
+    found = exact_fit.least_peak(copies, base, assignment, SolveOptions(), "2x4")
+    assert copies.least_peak == found  # (a plan's peak with every copy: predicted_peak)
+    lower = budget_module.memory_lower_bound(base, SolveOptions())
+    # (measured: proven bound 1.901 MB, least-peak plan 1.983, least-memory plan 3.168)
+    assert lower <= found <= 1.1 * lower and found < 0.8 * least
 
 
 def test_nearby_columns_keep_the_plan_and_strategies_no_heavier_within_the_gap(captured):

@@ -131,7 +131,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=assignment)  # never worse than it
         if copies is not None:  # (a plan solved on the way, e.g. the free one, may peak lower)
-            smallest = min(smallest, copies.least_peak)
+            smallest = min(smallest, copies.least_peak, exact_fit.least_peak(copies, problem, assignment, options,
+                                                                               where))
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 

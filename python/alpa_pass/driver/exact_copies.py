@@ -281,7 +281,7 @@ def kept_columns(problem, solution: Solution, least_memory: bool) -> np.ndarray:
 
 def exact_copy_solution(problem, solution: Solution, options, where: str,
                         least_memory: bool = False, min_bytes: float | None = None,
-                        used: np.ndarray | None = None) -> Solution | None:
+                        used: np.ndarray | None = None, least_peak: bool = False) -> Solution | None:
     """The restricted MIP of ``problem`` (its memory rows at ``problem.memory_row_upper``) with every
     reshard copy of at least ``min_bytes`` per device counted exactly (module doc), around the
     budgeted plan ``solution`` (its LP support and plan: ``kept_columns``). None when it has no plan
@@ -289,7 +289,9 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
     ``mip_gap`` is measured from ``solution.support.bound`` (the first budgeted LP's: a relaxation
     of this MIP), NaN without one; its peak may exceed the budget by copies below ``min_bytes``
     (default ``MIN_BYTES_FRACTION`` of it: the caller checks ``predicted_peak``). ``used``: the
-    columns kept instead of ``kept_columns``' (``frontier_columns``)."""
+    columns kept instead of ``kept_columns``' (``frontier_columns``). ``least_peak``: no budget; the
+    plan of least peak with every copy at the bounded points instead of the cheapest (costs ignored;
+    a plan breaking another point past that peak adds it, as above)."""
     t0 = time.perf_counter()
     ilp = problem.ilp
     gs = np.asarray(ilp.group_var_start, dtype=np.int64)
@@ -325,17 +327,23 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
         memory = (scipy.sparse.hstack([value_rows(problem, active),
                                        scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
                   + copies.in_memory_rows(active)) * (1000.0 / upper)
+        if least_peak:  # one more column, the peak P: each bounded point's memory <= P, minimise P
+            n += 1
+            rows = scipy.sparse.hstack([rows, scipy.sparse.csr_matrix((rows.shape[0], 1))]).tocsr()
+            memory = scipy.sparse.hstack([memory, scipy.sparse.csr_matrix(-np.ones((active.size, 1)))]).tocsr()
+            cost, scale = np.concatenate([np.zeros(n - 1), [1.0]]), 1.0
+            col_upper = np.append(col_upper, np.inf)
         a = scipy.sparse.vstack([rows, memory]).tocsc()
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = n, a.shape[0]
         lp.col_cost_, lp.col_lower_ = cost * scale, np.zeros(n)
-        lp.offset_ = float(ilp.offset) * scale
+        lp.offset_ = 0.0 if least_peak else float(ilp.offset) * scale
         lp.row_lower_ = np.concatenate([row_lower, np.full(active.size, -np.inf)])
-        lp.row_upper_ = np.concatenate([row_upper, np.full(active.size, 1000.0)])
+        lp.row_upper_ = np.concatenate([row_upper, np.full(active.size, 0.0 if least_peak else 1000.0)])
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
         lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                           for i in integrality]
+                           for i in integrality] + [highspy.HighsVarType.kContinuous] * least_peak
 
         def run(upper_bounds):
             """HiGHS on ``lp`` with these column bounds: (status, x or None, objective, the MIP's
@@ -373,21 +381,23 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
         assignment = np.asarray([int(np.argmax(x[gs[g]:gs[g + 1]])) for g in range(gs.size - 1)], dtype=np.int64)
         # every row's activity under the plan with all its copies (those without columns too: a row
         # they break joins, and the candidates spanning it get columns)
-        over = points[row_peaks(problem, assignment) > upper * (1 + 1e-9) + 1e-6]
+        limit = x[n - 1] * upper / 1000.0 if least_peak else upper
+        over = points[row_peaks(problem, assignment) > limit * (1 + 1e-9) + 1e-6]
         peak, at = problem.predicted_peak(assignment)
-        if peak > upper * (1 + 1e-9) + 1e-6:
+        if peak > limit * (1 + 1e-9) + 1e-6:
             over = np.append(over, at)
         over = np.setdiff1d(over, active)
         if not over.size:
             break
         if round_ == MAX_ROW_ROUNDS:
             return None
-        nearby = _nearby_columns(problem, assignment, active, used, bound, rel_gap)
+        if not least_peak:
+            nearby = _nearby_columns(problem, assignment, active, used, bound, rel_gap)
         active = np.union1d(active, over)
         added = copies.add_spanning(over)
-        log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %.4g GiB with every copy at points %s (budget "
+        log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %.4g GiB with every copy at points %s (bound "
                  "%.4g GiB): solving again with them bounded (%d more candidate copies)", where, peak / 2**30,
-                 ",".join(map(str, over[:8])), upper / 2**30, added)
+                 ",".join(map(str, over[:8])), limit / 2**30, added)
     objective = float(_core.evaluate(ilp, assignment).objective)
     bound = math.nan if solution.support is None else float(solution.support.bound)
     gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
