@@ -188,13 +188,17 @@ def test_the_least_peak_plan_peaks_between_the_proven_bound_and_the_least_memory
     # count no copies; the exact-copy MIP minimising the peak with every copy names a lower budget
     seen, _, _ = captured
     base = seen["base"]
-    copies = ReshardCopies(lambda row_budget: None, MESH, seen["graph"])
+    copies = ReshardCopies(lambda row_budget: base, MESH, seen["graph"])  # (rows counting no copies)
     least, assignment, _ = budget_module.least_memory_plan(base, SolveOptions())
-    found = exact_fit.least_peak(copies, base, assignment, SolveOptions(), "2x4")
-    assert copies.least_peak == found  # (a plan's peak with every copy: predicted_peak)
+    found, plan = exact_fit.least_peak_plan(copies, base, assignment, SolveOptions(), "2x4")
+    assert copies.least_peak == found == base.predicted_peak(plan)[0]  # (the plan's peak with every copy)
     lower = budget_module.memory_lower_bound(base, SolveOptions())
     # (measured: proven bound 1.901 MB, least-peak plan 1.983, least-memory plan 3.168)
     assert lower <= found <= 1.1 * lower and found < 0.8 * least
+    # the copy rounds' last resort at a budget between the two: the least-peak plan
+    _, kept = budget_module._least_memory_solution(base, int(found * 1.01), SolveOptions(), "2x4", copies)
+    assert kept.status == budget_module.LEAST_PEAK_STATUS and (kept.assignment == plan).all()
+    assert kept.objective == pytest.approx(_core.evaluate(base.ilp, plan).objective)
 
 
 def test_nearby_columns_keep_the_plan_and_strategies_no_heavier_within_the_gap(captured):

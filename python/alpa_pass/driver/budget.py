@@ -56,7 +56,8 @@ HINT_ROW_FRACTION = 0.97
 # them is within this factor of the budget (LLaMA-8B 8x8 at 40 GiB: 42.5 GiB, one re-solve fewer;
 # GPT-39B 8x8 at 80 GiB: 207.8 GiB, whose copies are not the budgeted plan's: 28 s more).
 FREE_COPIES_WITHIN = 1.25
-LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort
+LEAST_MEMORY_STATUS = "least-memory plan"  # Solution.status of fit_reshard_copies' last resort...
+LEAST_PEAK_STATUS = "least-peak plan"  # ...or, when that peaks over the budget, exact_fit.least_peak_plan's
 # Re-solves of the least-memory problem with the reshard copies of its last plan counted
 # (least_memory_plan, when fit_reshard_copies falls back to it; not for the InfeasibleError's
 # estimate: on LLaMA-8B seq 8192 at 80 GiB they took the error from 40 to 190 s).
@@ -131,8 +132,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=assignment)  # never worse than it
         if copies is not None:  # (a plan solved on the way, e.g. the free one, may peak lower)
-            smallest = min(smallest, copies.least_peak, exact_fit.least_peak(copies, problem, assignment, options,
-                                                                               where))
+            exact_fit.least_peak_plan(copies, problem, assignment, options, where)  # (seen: in least_peak)
+            smallest = min(smallest, copies.least_peak)
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
 
@@ -186,7 +187,8 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
     ``TIGHTENED_COPY_ROUNDS`` times with the rows' bound lowered by the last plan's excess over the
     budget (a deterministic step towards the least-memory plan; halfway back when that admits no
     plan). When no round's plan fits (or the rows with the copies admit no
-    plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``). Rounds
+    plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``), else
+    the exact-copy MIP's least-peak plan if its peak fits (``LEAST_PEAK_STATUS``). Rounds
     are counted, not timed: the plan does not depend on the machine.
 
     Raises InfeasibleError naming the least-memory plan's peak when that does not fit either.
@@ -290,22 +292,28 @@ def finish_draft(copies: ReshardCopies, problem, solution: Solution, budget: int
 
 def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str, copies) -> tuple:
     """(problem, the least-memory plan of ``problem`` (``least_memory_plan``) as a Solution) when
-    its peak, reshard copies included, fits ``budget``; else the InfeasibleError naming that peak."""
+    its peak, reshard copies included, fits ``budget``, else the least-peak plan
+    (``exact_fit.least_peak_plan``) when that fits; else the InfeasibleError naming the lower peak."""
     t = time.perf_counter()
     options = dataclasses.replace(options, objective_bound=None)
     found = least_memory_plan(problem, options, copies)
     if found is None:
         raise InfeasibleError(f"no sharding plan on mesh {where} meets the memory rows")
     peak, assignment, problem = found
+    status = LEAST_MEMORY_STATUS
     if peak > budget * (1 + 1e-9):
-        # (an earlier plan, e.g. the free one, may peak lower with its copies than this one)
-        raise infeasible_error(where, budget, min(peak, copies.least_peak), memory_lower_bound(problem, options, budget))
+        least = exact_fit.least_peak_plan(copies, problem, assignment, options, where)
+        if least is None or least[0] > budget * (1 + 1e-9):
+            # (an earlier plan, e.g. the free one, may peak lower with its copies than this one)
+            raise infeasible_error(where, budget, min(peak, copies.least_peak),
+                                   memory_lower_bound(problem, options, budget))
+        (peak, assignment), status = least, LEAST_PEAK_STATUS
     assignment = np.asarray(assignment, dtype=np.int64)
     x = np.zeros(int(problem.ilp.num_cols))
     x[np.asarray(problem.ilp.group_var_start)[:-1] + assignment] = 1.0  # group columns (edges unset)
     return problem, Solution(assignment=assignment, x=x,
                              objective=float(_core.evaluate(problem.ilp, assignment).objective),
-                             status=LEAST_MEMORY_STATUS, optimal=False, mip_gap=math.nan, time_limited=False,
+                             status=status, optimal=False, mip_gap=math.nan, time_limited=False,
                              solve_time_s=time.perf_counter() - t)
 
 

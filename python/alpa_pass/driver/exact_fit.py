@@ -91,17 +91,18 @@ def _exact_plan_that_fits(copies: ReshardCopies, base, solution: Solution, budge
     return found
 
 
-def least_peak(copies: ReshardCopies, problem, assignment, options: SolveOptions, where: str) -> float:
-    """The peak with every copy (``predicted_peak``) of the exact-copy MIP's least-peak plan of
-    ``problem`` (no copies counted in it) over ``frontier_columns`` around ``assignment`` (a plan:
-    the least-memory one), or inf without one: a budget some plan meets, which the InfeasibleError
-    names when lower than the least-memory plan's peak (whose rows count no copies: s25, a flax
-    transformer on 2x4 named 0.1023 GiB while a plan at 0.0935 GiB fit)."""
+def least_peak_plan(copies: ReshardCopies, problem, assignment, options: SolveOptions, where: str):
+    """(peak with every copy, assignment) of the exact-copy MIP's least-peak plan of ``problem`` over
+    ``frontier_columns`` around ``assignment`` (a plan: the least-memory one), or None without one.
+    Its peak is a budget some plan meets: the InfeasibleError names it when lower than the
+    least-memory plan's (whose rows count no copies: s25, a flax transformer on 2x4 named 0.1023
+    GiB while a plan at 0.0935 GiB fit; LLaMA-8B seq 8192 on 8x8: 238.1 -> 167.2 GiB, the proven
+    bound 160.4), and the budgeted solve falls back to it when the least-memory plan does not fit."""
     if not EXACT_COPY_PLAN or copies.graph is None or problem.num_memory_rows == 0:
-        return math.inf
+        return None
     assignment = np.asarray(assignment, dtype=np.int64)
     seed = Solution(assignment=assignment, x=np.zeros(0), objective=math.nan, status="", optimal=False,
                     mip_gap=math.nan, time_limited=False, solve_time_s=0.0)
     found = exact_copy_solution(problem, seed, options, where, used=frontier_columns(problem, assignment),
                                 min_bytes=0.0, least_peak=True)
-    return math.inf if found is None else copies.seen(problem, found.assignment)
+    return None if found is None else (copies.seen(problem, found.assignment), found.assignment)
