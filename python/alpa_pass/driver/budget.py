@@ -132,7 +132,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                 raise  # the budget is not what makes it infeasible
             return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=assignment)  # never worse than it
         if copies is not None:  # (a plan solved on the way, e.g. the free one, may peak lower)
-            exact_fit.least_peak_plan(copies, problem, assignment, options, where)  # (seen: in least_peak)
+            # (and the least-peak plan, which copies.seen keeps in least_peak when lower)
+            exact_fit.least_peak_plan(copies, problem, assignment, options, where)
             smallest = min(smallest, copies.least_peak)
         raise infeasible_error(where, budget, smallest, memory_lower_bound(problem, options, budget)) from e
 
@@ -191,7 +192,8 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
     the exact-copy MIP's least-peak plan if its peak fits (``LEAST_PEAK_STATUS``). Rounds
     are counted, not timed: the plan does not depend on the machine.
 
-    Raises InfeasibleError naming the least-memory plan's peak when that does not fit either.
+    Raises InfeasibleError naming the lower of their peaks (or of a plan seen before) when neither
+    fits.
     """
     if budget is None or problem.num_memory_rows == 0:
         return problem, solution

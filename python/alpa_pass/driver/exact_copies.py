@@ -30,8 +30,9 @@ least-memory ones and those on each group's (bytes, cost) frontier, with no LP s
 (``driver.exact_fit.frontier_plan``). It bounds
 the memory at program points: first those of the ``START_ROWS`` memory rows that plan fills most;
 a plan that breaks another row with its copies, or whose copies make a point no memory row holds
-its peak, adds those points and is solved again: first over the plan and its nearby strategies only
-(``_nearby_columns``: a small MIP), kept when within ``REL_GAP`` of the last full MIP's bound. Candidates: every value read in a layout some
+its peak, adds those points and is solved again: first over the plan and its nearby strategies
+only (``_nearby_columns``: a small MIP), kept when within ``REL_GAP`` of the last full MIP's
+bound. Candidates: every value read in a layout some
 kept strategy reads and its producer can avoid, at least ``min_bytes`` per device, whose readers
 span a bounded point. The MIP is node-limited (``NODE_LIMIT``) and stops at ``REL_GAP``, never
 timed: the plan is a function of the problem.

@@ -2,8 +2,9 @@
 over the free plan's frontier strategies when the free plan is far over the budget
 (``frontier_plan``, no LP), or one around the first budgeted LP's plan when that does not fit
 with its reshard copies (``exact_copy_fit``; ``driver.budget.fit_budgeted_plan`` keeps it or
-the copy rounds' plan). The module constants switch them off (benchmarks' ``--no-frontier``,
-``--copy-rounds-only``)."""
+the copy rounds' plan); and the plan of least peak with every copy (``least_peak_plan``: the
+smallest budget an InfeasibleError names, and the copy rounds' last resort). The module constants
+switch them off (benchmarks' ``--no-frontier``, ``--copy-rounds-only``)."""
 from __future__ import annotations
 
 import logging
