@@ -159,7 +159,7 @@ def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, 
                  "copy rounds", where, options.support_gap, exact.mip_gap)
         return base, exact
     try:
-        problem, solution = fit_reshard_copies(copies, problem, solution, budget, rounds, where)
+        problem, solution = fit_reshard_copies(copies, problem, solution, budget, rounds, where, base)
     except InfeasibleError:
         if exact is None:
             raise
@@ -175,7 +175,7 @@ def fit_budgeted_plan(copies: ReshardCopies, base, problem, solution: Solution, 
 
 
 def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budget: int | None,
-                       options: SolveOptions, where: str) -> tuple:
+                       options: SolveOptions, where: str, base=None) -> tuple:
     """(problem, solution) whose plan fits ``budget`` with its reshard copies counted.
 
     Memory rows count values in their own layouts; a consumer reading one in another layout reads
@@ -189,8 +189,9 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
     budget (a deterministic step towards the least-memory plan; halfway back when that admits no
     plan). When no round's plan fits (or the rows with the copies admit no
     plan), the least-memory plan is kept if its peak fits (status ``LEAST_MEMORY_STATUS``), else
-    the exact-copy MIP's least-peak plan if its peak fits (``LEAST_PEAK_STATUS``). Rounds
-    are counted, not timed: the plan does not depend on the machine.
+    the exact-copy MIP's least-peak plan of ``base`` (``problem`` without counted copies; None:
+    ``problem``) if its peak fits (``LEAST_PEAK_STATUS``). Rounds are counted, not timed: the plan
+    does not depend on the machine.
 
     Raises InfeasibleError naming the lower of their peaks (or of a plan seen before) when neither
     fits.
@@ -228,7 +229,7 @@ def fit_reshard_copies(copies: ReshardCopies, problem, solution: Solution, budge
         solution, solved_at = found, row_budget
     log.warning("alpa_pass: mesh %s: no plan fits the budget with its reshard copies after %d re-solves; "
                 "keeping the least-memory plan if it fits (its cost can be far higher)", where, round_ + 1)
-    return _least_memory_solution(problem, budget, options, where, copies)
+    return _least_memory_solution(problem, budget, options, where, copies, base)
 
 
 def draft_options(option) -> SolveOptions:
@@ -292,10 +293,11 @@ def finish_draft(copies: ReshardCopies, problem, solution: Solution, budget: int
     return (counted, finished) if keep else (problem, solution)
 
 
-def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str, copies) -> tuple:
+def _least_memory_solution(problem, budget: int, options: SolveOptions, where: str, copies, base=None) -> tuple:
     """(problem, the least-memory plan of ``problem`` (``least_memory_plan``) as a Solution) when
-    its peak, reshard copies included, fits ``budget``, else the least-peak plan
-    (``exact_fit.least_peak_plan``) when that fits; else the InfeasibleError naming the lower peak."""
+    its peak, reshard copies included, fits ``budget``, else (``base``, the least-peak plan of
+    ``base``: ``problem`` without counted copies, ``problem`` if None; ``exact_fit.least_peak_plan``)
+    when that fits; else the InfeasibleError naming the lower peak."""
     t = time.perf_counter()
     options = dataclasses.replace(options, objective_bound=None)
     found = least_memory_plan(problem, options, copies)
@@ -304,12 +306,13 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
     peak, assignment, problem = found
     status = LEAST_MEMORY_STATUS
     if peak > budget * (1 + 1e-9):
-        least = exact_fit.least_peak_plan(copies, problem, assignment, options, where)
+        base = problem if base is None else base  # (the exact-copy MIP counts every copy itself)
+        least = exact_fit.least_peak_plan(copies, base, assignment, options, where)
         if least is None or least[0] > budget * (1 + 1e-9):
             # (an earlier plan, e.g. the free one, may peak lower with its copies than this one)
             raise infeasible_error(where, budget, min(peak, copies.least_peak),
                                    memory_lower_bound(problem, options, budget))
-        (peak, assignment), status = least, LEAST_PEAK_STATUS
+        (peak, assignment), status, problem = least, LEAST_PEAK_STATUS, base
     assignment = np.asarray(assignment, dtype=np.int64)
     x = np.zeros(int(problem.ilp.num_cols))
     x[np.asarray(problem.ilp.group_var_start)[:-1] + assignment] = 1.0  # group columns (edges unset)
