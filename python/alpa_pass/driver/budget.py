@@ -312,6 +312,9 @@ def _least_memory_solution(problem, budget: int, options: SolveOptions, where: s
             # (an earlier plan, e.g. the free one, may peak lower with its copies than this one)
             raise infeasible_error(where, budget, min(peak, copies.least_peak),
                                    memory_lower_bound(problem, options, budget))
+        log.warning("alpa_pass: mesh %s: the least-memory plan peaks at %s GiB with its reshard copies; keeping the "
+                    "least-peak plan (%s GiB; its cost is not minimised: exact_fit.least_peak_plan)", where, _gib(peak),
+                    _gib(least[0]))
         (peak, assignment), status, problem = least, LEAST_PEAK_STATUS, base
     assignment = np.asarray(assignment, dtype=np.int64)
     x = np.zeros(int(problem.ilp.num_cols))
