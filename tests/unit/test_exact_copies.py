@@ -210,7 +210,7 @@ def test_nearby_columns_keep_the_plan_and_strategies_no_heavier_within_the_gap(c
     active = start_points(base, plan)
     own = _core.evaluate(base.ilp, plan).objective
     bound = own * 0.98  # (a stand-in for a MIP's bound below the plan)
-    near = exact_copies._nearby_columns(base, plan, active, used, bound, 0.05)
+    near = exact_copies._nearby_columns(base, plan, value_rows(base, active), used, bound, 0.05)
     assert near[:gs[0]].all() and near[gs[-1]:].all() and near[gs[:-1] + plan].all()
     extra = near.copy()
     extra[gs[:-1] + plan] = False

@@ -158,15 +158,6 @@ class CopyColumns:
         k = np.searchsorted(points, first)
         return (k < points.size) & (points[np.minimum(k, points.size - 1)] <= self._readers[self._reader_start[1:] - 1])
 
-    def columns_spanning(self, points) -> np.ndarray:
-        """The ILP columns reading or making (has) the candidates whose readers span one of
-        ``points`` (ascending)."""
-        spanning = np.flatnonzero(self._spanning(points))
-        out = [self._has[self._has_start[c]:self._has_start[c + 1]] for c in spanning]
-        out += [self._reads[self._read_start[self._reader_start[c]]:self._read_start[self._reader_start[c + 1]]]
-                for c in spanning]
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
     def row_matrix(self) -> scipy.sparse.csr_matrix:
         """The ">=" rows (their lower bounds: ``row_lower``) over the ILP's and the copy columns."""
         entries = [(i, col, x) for i, (terms, _) in enumerate(self.rows) for col, x in terms]
@@ -325,8 +316,8 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
         col_upper[:n0][~used] = 0.0
         integrality = np.concatenate([np.asarray(ilp.integrality), np.zeros(copies.count, dtype=np.int8)])
         # the active points' memory, scaled to 1000 (solve.highs.ROW_SCALE_TARGET; costs by a power of two: exact)
-        memory = (scipy.sparse.hstack([value_rows(problem, active),
-                                       scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
+        held = value_rows(problem, active)
+        memory = (scipy.sparse.hstack([held, scipy.sparse.csr_matrix((active.size, copies.count))]).tocsr()
                   + copies.in_memory_rows(active)) * (1000.0 / upper)
         if least_peak:  # one more column, the peak P: each bounded point's memory <= P, minimise P
             n += 1
@@ -393,7 +384,7 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
         if round_ == MAX_ROW_ROUNDS:
             return None
         if not least_peak:
-            nearby = _nearby_columns(problem, assignment, active, used, bound, rel_gap)
+            nearby = _nearby_columns(problem, assignment, held, used, bound, rel_gap)
         active = np.union1d(active, over)
         added = copies.add_spanning(over)
         log.info("alpa_pass: mesh %s: the exact-copy plan peaks at %.4g GiB with every copy at points %s (bound "
@@ -411,13 +402,13 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
                     solved_size=(n, int(a.shape[0])))
 
 
-def _nearby_columns(problem, assignment, active, used, bound: float, rel_gap: float) -> np.ndarray:
+def _nearby_columns(problem, assignment, held, used, bound: float, rel_gap: float) -> np.ndarray:
     """A mask over ``problem.ilp``'s columns for the small MIP tried first when the exact-copy
     MIP's plan ``assignment`` broke the budget with its copies at a point it did not bound: every
     non-group column, the plan's strategies, and each kept strategy (``used``) with no more bytes
-    than the plan's strategy of its group at any of the points ``active`` (the MIP's) and an
-    objective, with only its group changed, within ``rel_gap`` of ``bound`` (the MIP's bound: a
-    re-solve is held to that gap too). Measured: GPT 1.3B 2x4 at 15 GiB, the plan broke a point
+    than the plan's strategy of its group at any of the points the MIP bounded (``held``: their
+    ``value_rows``) and an objective, with only its group changed, within ``rel_gap`` of ``bound``
+    (the MIP's bound: a re-solve is held to that gap too). Measured: GPT 1.3B 2x4 at 15 GiB, the plan broke a point
     between two rows by 2.3 MB (0.014%); a re-solve took the MIP's 4.5 s again, single-group
     repairs broke a tie (equalities) or another point."""
     ilp = problem.ilp
@@ -425,7 +416,7 @@ def _nearby_columns(problem, assignment, active, used, bound: float, rel_gap: fl
     plan = gs[:-1] + np.asarray(assignment, dtype=np.int64)
     group_of = np.repeat(np.arange(gs.size - 1), np.diff(gs))
     objective = _core.one_group_changed(ilp, assignment)
-    held = value_rows(problem, active)[:, gs[0]:gs[-1]].toarray()
+    held = held[:, gs[0]:gs[-1]].toarray()
     near = (held <= held[:, plan - gs[0]][:, group_of]).all(axis=0)
     near &= (objective - bound) <= rel_gap * np.abs(objective)
     out = used.copy()
