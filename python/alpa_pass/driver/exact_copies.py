@@ -63,6 +63,13 @@ NODE_LIMIT = 2000        # branch-and-bound nodes per MIP (s23's cases: 1-339)
 # GPT-39B 8x8 at 80 GiB: 1e-4 -> 0.01: 579 -> 48 nodes, exact-copy step 19.2 -> 12.7 s, objective
 # 4.6644e11 -> 4.6756e11 (the rounds' plan: 4.6850e11); GPT 1.3B 2x4 at 12, 13, 15 GiB the same plans.
 REL_GAP = 0.01
+# HiGHS's RINS sub-MIP on in these MIPs (off in the planner's other solves: ``SolveOptions.sub_mip_heuristics``),
+# at this heuristic effort (HiGHS's default 0.05). s27, the dumped MIPs (threads 1), seconds and objective
+# off -> on: GPT-39B 8x8 at 80 GiB 26.2 -> 15.0 s (205 -> 60 nodes, the same objective to 1e-6),
+# GPT-175B 16x16 18.7 -> 16.7 s (+0.04%), LLaMA-8B 8x8 at 30-35 GiB and GPT 1.3B 2x4 at 12-16 GiB
+# within 0.2 s and the same plans (one LLaMA plan 0.05% cheaper), but GPT 1.3B at 15 GiB 4.5 -> 5.7 s.
+# RENS too: 39B 14.9 s, 175B +0.6%; effort 0.1: 175B 19.6 s.
+RINS_EFFORT = 0.02  # (None: RINS off)
 MIN_BYTES_FRACTION = 2.0 ** -13  # copies smaller than this fraction of the budget get no columns
 EXACT_STATUS = "exact-copy plan"  # Solution.status of a plan found here
 
@@ -79,8 +86,10 @@ class CopyColumns:
         self.first = int(problem.ilp.num_cols)  # the copy columns follow the ILP's
         self.pairwise = pairwise
         self.count = 0
-        self.rows = []    # ([(column, coefficient)], lower bound): each a ">=" row
-        self.terms = []   # (first point, last point, column, bytes): counted in the memory rows there
+        # the ">=" rows, flat: their columns and coefficients, where each ends, their lower bounds
+        self._cols, self._coefs, self._ends, self._lower = [], [], [], []
+        # (first point, last point, column, bytes) of each copy column: counted in the memory rows there
+        self._terms = ([], [], [], [])
         self.candidates = 0
         # (reads per reader, has, pre, suf, ws): ws = [(w, first reader, second reader)]; pairwise
         # ones: (reads, has, None, None, [(w, [(reader a, reader b)])])
@@ -109,10 +118,24 @@ class CopyColumns:
         self.count += 1
         return self.first + self.count - 1
 
+    def _row(self, cols, coefs, lower: float) -> None:
+        self._cols += cols
+        self._coefs += coefs
+        self._ends.append(len(self._cols))
+        self._lower.append(lower)
+
+    def _term(self, first: int, last: int, column: int, per_device: float) -> None:
+        for where, value in zip(self._terms, (first, last, column, per_device)):
+            where.append(value)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._lower)
+
     def _add(self, order, reads, has, per_device):
         self.candidates += 1
         m = len(order)
-        q = [(c, 1.0) for c in has]
+        q, ones = list(has), [1.0] * len(has)
         if m <= self.pairwise:
             ws = []
             for i in range(m):
@@ -123,31 +146,31 @@ class CopyColumns:
                 for (first, last), pairs in spans:
                     w = self._column()
                     for a, b in pairs:
-                        r = [(c, -1.0) for c in reads[a]] + ([] if a == b else [(c, -1.0) for c in reads[b]])
-                        self.rows.append(([(w, 1.0)] + r + q, 0.0 if a == b else -1.0))
-                    self.terms.append((first, last, w, per_device))
+                        r = reads[a] if a == b else reads[a] + reads[b]
+                        self._row([w] + r + q, [1.0] + [-1.0] * len(r) + ones, 0.0 if a == b else -1.0)
+                    self._term(first, last, w, per_device)
                     ws.append((w, pairs))
             self.records.append((reads, has, None, None, ws))
             return
         pre = [self._column() for _ in range(m)]
         suf = [self._column() for _ in range(m)]
         for i in range(m):
-            r = [(c, -1.0) for c in reads[i]]
-            self.rows.append(([(pre[i], 1.0)] + r, 0.0))
-            self.rows.append(([(suf[i], 1.0)] + r, 0.0))
+            r = [1.0] + [-1.0] * len(reads[i])
+            self._row([pre[i]] + reads[i], r, 0.0)
+            self._row([suf[i]] + reads[i], r, 0.0)
             if i:
-                self.rows.append(([(pre[i], 1.0), (pre[i - 1], -1.0)], 0.0))
-                self.rows.append(([(suf[i - 1], 1.0), (suf[i], -1.0)], 0.0))
+                self._row([pre[i], pre[i - 1]], [1.0, -1.0], 0.0)
+                self._row([suf[i - 1], suf[i]], [1.0, -1.0], 0.0)
         ws = []
         for i in range(m):
             w = self._column()
-            self.rows.append(([(w, 1.0), (pre[i], -1.0), (suf[i], -1.0)] + q, -1.0))
-            self.terms.append((order[i], order[i], w, per_device))
+            self._row([w, pre[i], suf[i]] + q, [1.0, -1.0, -1.0] + ones, -1.0)
+            self._term(order[i], order[i], w, per_device)
             ws.append((w, i, i))
             if i + 1 < m and order[i + 1] > order[i] + 1:
                 w = self._column()
-                self.rows.append(([(w, 1.0), (pre[i], -1.0), (suf[i + 1], -1.0)] + q, -1.0))
-                self.terms.append((order[i] + 1, order[i + 1] - 1, w, per_device))
+                self._row([w, pre[i], suf[i + 1]] + q, [1.0, -1.0, -1.0] + ones, -1.0)
+                self._term(order[i] + 1, order[i + 1] - 1, w, per_device)
                 ws.append((w, i, i + 1))
         self.records.append((reads, has, pre, suf, ws))
 
@@ -160,25 +183,26 @@ class CopyColumns:
 
     def row_matrix(self) -> scipy.sparse.csr_matrix:
         """The ">=" rows (their lower bounds: ``row_lower``) over the ILP's and the copy columns."""
-        entries = [(i, col, x) for i, (terms, _) in enumerate(self.rows) for col, x in terms]
-        r, c, v = zip(*entries) if entries else ((), (), ())
-        return scipy.sparse.csr_matrix((v, (r, c)), shape=(len(self.rows), self.first + self.count))
+        out = scipy.sparse.csr_matrix((np.asarray(self._coefs, dtype=np.float64), np.asarray(self._cols, dtype=np.int64),
+                                       np.asarray([0] + self._ends, dtype=np.int64)),
+                                      shape=(self.num_rows, self.first + self.count))
+        out.sum_duplicates()  # (two readers of one group may share a column: -2 there)
+        return out
 
     @property
     def row_lower(self) -> np.ndarray:
-        return np.asarray([b for _, b in self.rows], dtype=np.float64)
+        return np.asarray(self._lower, dtype=np.float64)
 
     def in_memory_rows(self, points) -> scipy.sparse.csr_matrix:
         """The copy columns' coefficients in the memory rows of ``points`` (ascending: one row each),
         over the ILP's columns and then the copy columns."""
         points = np.asarray(points)
-        rows, cols, values = [], [], []
-        for first, last, col, size in self.terms:
-            for row in range(np.searchsorted(points, first), np.searchsorted(points, last, side="right")):
-                rows.append(row)
-                cols.append(col)
-                values.append(size)
-        return scipy.sparse.csr_matrix((values, (rows, cols)), shape=(points.size, self.first + self.count))
+        first, last, col, size = (np.asarray(t) for t in self._terms)
+        start = np.searchsorted(points, first) if first.size else np.zeros(0, dtype=np.int64)
+        count = np.maximum(np.searchsorted(points, last, side="right") - start, 0) if first.size else start
+        rows = np.repeat(start, count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        return scipy.sparse.csr_matrix((np.repeat(size, count).astype(np.float64), (rows, np.repeat(col, count))),
+                                       shape=(points.size, self.first + self.count))
 
     def least_values(self, x: np.ndarray) -> np.ndarray:
         """``x`` (the ILP's columns) with the copy columns at the least values their rows allow:
@@ -309,7 +333,7 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
         rows = scipy.sparse.vstack([scipy.sparse.hstack([base, scipy.sparse.csc_matrix((base.shape[0], copies.count))]),
                                     copies.row_matrix()]).tocsr()
         row_lower = np.concatenate([np.asarray(ilp.row_lower), copies.row_lower])
-        row_upper = np.concatenate([np.asarray(ilp.row_upper), np.full(len(copies.rows), np.inf)])
+        row_upper = np.concatenate([np.asarray(ilp.row_upper), np.full(copies.num_rows, np.inf)])
         cost = np.concatenate([np.asarray(ilp.col_cost), np.zeros(copies.count)])
         scale = 2.0 ** -math.ceil(math.log2(max(float(np.abs(cost).max(initial=0.0)), 1e-300) / 1e3))
         col_upper = np.concatenate([np.asarray(ilp.col_upper), np.ones(copies.count)])
@@ -343,6 +367,9 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
             nonlocal nodes
             # (presolve on: it removes the strategies the restriction bounds to 0)
             h = _highs(dataclasses.replace(options, node_limit=NODE_LIMIT, rel_gap=rel_gap), presolve=True)
+            if RINS_EFFORT is not None:
+                h.setOptionValue("mip_heuristic_run_rins", True)
+                h.setOptionValue("mip_heuristic_effort", RINS_EFFORT)
             lp.col_upper_ = upper_bounds
             h.passModel(lp)
             h.run()
@@ -395,7 +422,7 @@ def exact_copy_solution(problem, solution: Solution, options, where: str,
     gap = max(0.0, (objective - bound) / abs(objective)) if objective and not math.isnan(bound) else math.nan
     log.info("alpa_pass: mesh %s: exact-copy plan: %d candidate copies (%d columns, %d rows), %d memory points, "
              "%d nodes; objective %.6g (%.3g above the LP bound), %.1f s", where, copies.candidates, copies.count,
-             len(copies.rows), active.size, nodes, objective, gap, time.perf_counter() - t0)
+             copies.num_rows, active.size, nodes, objective, gap, time.perf_counter() - t0)
     return Solution(assignment=assignment, x=_one_hot(assignment, gs, n0), objective=objective,
                     status=EXACT_STATUS, optimal=False, mip_gap=gap, time_limited=False,
                     solve_time_s=time.perf_counter() - t0, node_limited=nodes >= NODE_LIMIT,
