@@ -221,6 +221,8 @@ void bind_graph_strategy(nb::module_& m) {
       .def_rw("allow_replicated_heavy_ops", &CoreOptions::allow_replicated_heavy_ops)
       .def_rw("allow_mixed_mesh_shape", &CoreOptions::allow_mixed_mesh_shape)
       .def_rw("compute_cost_per_flop", &CoreOptions::compute_cost_per_flop)
+      .def_rw("compute_cost_per_flop_half", &CoreOptions::compute_cost_per_flop_half)
+      .def_rw("compute_cost_per_byte", &CoreOptions::compute_cost_per_byte)
       .def_rw("memory_cost_per_byte", &CoreOptions::memory_cost_per_byte)
       .def_rw("memory_budget_per_device", &CoreOptions::memory_budget_per_device)
       .def_rw("merge_followers", &CoreOptions::merge_followers)

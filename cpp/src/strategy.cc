@@ -6,6 +6,7 @@
 // strategy; OUTPUT nodes are exempt (they always follow their operand), and so are reductions and
 // contractions (REDUCE, DOT, CONVOLUTION): their small result comes from large operands, which may
 // stay split (the partial results are all-reduced, as their rules price).
+#include <algorithm>
 #include <array>
 #include <stdexcept>
 #include <string>
@@ -146,6 +147,35 @@ double node_flops(const Graph& g, int64_t v) {
     return 2.0 * product(out) * window * in_features / static_cast<double>(a.feature_group_count);
   }
   return g.numel(v);
+}
+
+void apply_measured_rates(const Graph& g, const Mesh& mesh, const CoreOptions& options, int64_t v,
+                          std::vector<Strategy>& list) {
+  const auto ops = g.operands(v);
+  const OpKind kind = g.op_kind(v);
+  double flop_scale = 1.0;
+  if ((kind == OpKind::kDot || kind == OpKind::kConvolution) && options.compute_cost_per_flop_half > 0.0 &&
+      options.compute_cost_per_flop > 0.0 && !ops.empty() && g.dtype_bytes[ops[0]] == 2) {
+    flop_scale = options.compute_cost_per_flop_half / options.compute_cost_per_flop;
+  }
+  for (Strategy& st : list) {
+    st.compute *= flop_scale;
+    if (options.compute_cost_per_byte <= 0.0) continue;
+    double moved = st.memory;
+    for (size_t t = 0; t < ops.size(); ++t) {
+      moved += g.bytes(ops[t]) / static_cast<double>(num_shards(st.ins[t], mesh));
+    }
+    st.compute = std::max(st.compute, moved * options.compute_cost_per_byte);
+  }
+}
+
+double reshard_copy_cost(const Mesh& mesh, double bytes, const Spec& src, const Spec& dst, double per_byte) {
+  if (per_byte <= 0.0) return 0.0;
+  bool same = true;
+  for (int ax = 0; ax < mesh.ndim(); ++ax) same = same && (mesh.shape[ax] <= 1 || src[ax] == dst[ax]);
+  if (same) return 0.0;
+  return per_byte * bytes *
+         (1.0 / static_cast<double>(num_shards(src, mesh)) + 1.0 / static_cast<double>(num_shards(dst, mesh)));
 }
 
 std::vector<char> combinable_reductions(const Graph& g, std::span<const double> weights) {

@@ -172,6 +172,20 @@ class ClusterProfile:
         return 1.0 / float(self.data["compute"]["matmul_flops_per_s"]["float32"])
 
     @property
+    def seconds_per_flop_half(self) -> float:
+        """The compute cost of a dot or convolution of 16-bit floats: 1 / measured bfloat16 matmul
+        FLOP/s (0.0, the float32 rate, when the profile has none)."""
+        flops = float(self.data["compute"]["matmul_flops_per_s"].get("bfloat16") or 0.0)
+        return 1.0 / flops if math.isfinite(flops) and flops > 0 else 0.0
+
+    @property
+    def seconds_per_byte(self) -> float:
+        """1 / the measured memory bandwidth of one device (all devices busy): what a byte an op
+        reads or writes costs (``_core.CoreOptions.compute_cost_per_byte``); 0.0 when not measured."""
+        bandwidth = float(self.data["compute"].get("memory_bytes_per_s") or 0.0)
+        return 1.0 / bandwidth if math.isfinite(bandwidth) and bandwidth > 0 else 0.0
+
+    @property
     def reference_beta(self) -> float:
         """Median per-axis beta (seconds per byte): the profile's unit of one byte moved, which
         scales the memory tie-breaker so that it weighs as little as with the default beta 1. A
@@ -181,8 +195,7 @@ class ClusterProfile:
         betas = [float(a["beta"]) for a in self.data["axes"]]
         if betas:
             return float(np.median(betas))
-        bandwidth = float(self.data["compute"].get("memory_bytes_per_s") or 0.0)
-        return 1.0 / bandwidth if math.isfinite(bandwidth) and bandwidth > 0 else 1.0
+        return self.seconds_per_byte or 1.0
 
     def axis_cost(self, size: int, stride: int) -> tuple[float, float]:
         """(alpha, beta) of a mesh axis of ``size`` devices spaced ``stride`` apart: the measured

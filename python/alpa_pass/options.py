@@ -109,7 +109,10 @@ class AutoShardingOption:
         the cluster planned on (``~/.cache/alpa_pass/profiles/<cluster key>.json``, read when a
         plan is requested; none there: a warning and unit costs). With a profile each mesh axis
         costs the measured alpha/beta (the LogicalMesh's alpha/beta are not used),
-        ``compute_cost_per_flop`` is the measured seconds per FLOP, ``memory_cost_per_byte`` is
+        ``compute_cost_per_flop`` is the measured seconds per float32 FLOP (bfloat16/float16 dots
+        and convolutions: per bfloat16 FLOP), each op costs at least its bytes moved over the
+        measured memory bandwidth and each reshard its local copy too (a roofline:
+        ``_core.CoreOptions.compute_cost_per_byte``), ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
         content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
       peel_layer_scans: lower the function with the last iteration of each scanned layer stack's
@@ -204,6 +207,8 @@ class AutoShardingOption:
         profile = cost_profile.resolve(self.profile)
         if profile is not None:  # objective in seconds: measured compute, the tie-breaker rescaled
             opts.compute_cost_per_flop = profile.seconds_per_flop
+            opts.compute_cost_per_flop_half = profile.seconds_per_flop_half
+            opts.compute_cost_per_byte = profile.seconds_per_byte
             opts.memory_cost_per_byte = self.memory_cost_per_byte * profile.reference_beta
         opts.memory_budget_per_device = float(self.memory_budget_per_device or 0)
         opts.merge_followers = self.merge_followers

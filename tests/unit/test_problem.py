@@ -202,3 +202,63 @@ def test_large_chain_group_count():
     # residual add, the reduce, the mean's broadcast and the normalising add join existing groups.
     per_layer = 6
     assert prob.ilp.num_groups == 1 + per_layer * layers
+
+
+def _shards(spec, mesh) -> int:
+    return int(np.prod([n for n, d in zip(mesh.shape, spec) if d >= 0]))
+
+
+def test_measured_rates_cost_the_bytes_each_strategy_moves_and_16_bit_dots_at_their_rate():
+    """compute_cost_per_byte (a profile's 1 / memory bandwidth): each strategy's compute is the
+    larger of its FLOP cost and the bytes it moves per device (operands in the layouts it reads them,
+    its result); compute_cost_per_flop_half: dots of 2-byte operands at that rate; a reshard between
+    two layouts costs its local copy (source and destination shard) beside its collectives."""
+    b = GraphBuilder()
+    x, w = param(b, [32, 64]), param(b, [64, 128], 1)
+    d = dot(b, x, w, [32, 128])
+    b.add(OpKind.ELEMENTWISE, [32, 128], F32, [d])
+    xh, wh = b.add(OpKind.PARAMETER, [32, 64], 2, attrs=[2]), b.add(OpKind.PARAMETER, [64, 128], 2, attrs=[3])
+    dh = b.add(OpKind.DOT, [32, 128], 2, [xh, wh], [0, 1, 1, 0])
+    g = built_graph(b)
+    per_flop, per_byte = 1e-9, 2e-10
+    base = _core.build_sharding_problem(g, MESH24, options(), [])
+    measured = options()
+    measured.compute_cost_per_flop, measured.compute_cost_per_flop_half = per_flop, per_flop / 4
+    measured.compute_cost_per_byte = per_byte
+    prob = _core.build_sharding_problem(g, MESH24, measured, [])
+    offs, ins = np.asarray(prob.strategy_offsets), np.asarray(prob.in_spec_offsets)
+    assert list(offs) == list(base.strategy_offsets)
+    value_bytes = [32 * 64 * F32, 64 * 128 * F32, 32 * 128 * F32, 32 * 128 * F32, 32 * 64 * 2, 64 * 128 * 2,
+                   32 * 128 * 2]
+    reads = [[], [], [x, w], [d], [], [], [xh, wh]]
+    want = []
+    for v in range(len(offs) - 1):
+        operands = reads[v]
+        for s in range(offs[v], offs[v + 1]):
+            moved = prob.memory[s] + sum(value_bytes[u] / _shards(prob.in_specs[ins[s] + t], MESH24)
+                                         for t, u in enumerate(operands))
+            flops = base.compute_cost[s] * (0.25 if v == dh else 1.0)
+            want.append(max(flops, moved * per_byte))
+    np.testing.assert_allclose(prob.compute_cost, want, rtol=1e-12, atol=0)
+    # both sides of the roofline occur: the replicated f32 dot is FLOP-bound, the elementwise op
+    # byte-bound at every layout, and the 16-bit dot costs a quarter of its f32 twin where FLOP-bound
+    r = strategy_index(prob, d, out=R)
+    assert base.compute_cost[offs[d] + r] > 0
+    assert prob.compute_cost[offs[d] + r] == pytest.approx(base.compute_cost[offs[d] + r])
+    e = d + 1
+    assert (np.asarray(prob.compute_cost[offs[e]:offs[e + 1]]) > np.asarray(base.compute_cost[offs[e]:offs[e + 1]])).all()
+    rh = strategy_index(prob, dh, out=R)
+    assert prob.compute_cost[offs[dh] + rh] == pytest.approx(base.compute_cost[offs[d] + r] / 4)
+    # the reshard's copy: x made split over y, the dot reading it replicated (rhs) and split (lhs)
+    b = GraphBuilder()
+    x = param(b, [64, 64])
+    d = dot(b, x, x, [64, 64])
+    plain = _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
+    copying = _core.build_sharding_problem(built_graph(b), MESH14, measured, [])
+    plan = np.array([strategy_index(plain, x, out=[-1, 0]), strategy_index(plain, d, name="dot lfree0@y")],
+                    dtype=np.int64)
+    extra = _core.evaluate(copying.ilp, plan).edge_cost - _core.evaluate(plain.ilp, plan).edge_cost
+    assert extra == pytest.approx(per_byte * 64 * 64 * F32 * (1 / 4 + 1))  # lhs: same layout, no copy
+    plan[0] = strategy_index(plain, x, out=R)  # x replicated: the lhs is sliced, the rhs read as it is
+    extra = _core.evaluate(copying.ilp, plan).edge_cost - _core.evaluate(plain.ilp, plan).edge_cost
+    assert extra == pytest.approx(per_byte * 64 * 64 * F32 * (1 + 1 / 4))
