@@ -153,9 +153,10 @@ void apply_measured_rates(const Graph& g, const Mesh& mesh, const CoreOptions& o
                           std::vector<Strategy>& list) {
   const auto ops = g.operands(v);
   const OpKind kind = g.op_kind(v);
+  if (kind != OpKind::kDot && kind != OpKind::kConvolution) return;
   double flop_scale = 1.0;
-  if ((kind == OpKind::kDot || kind == OpKind::kConvolution) && options.compute_cost_per_flop_half > 0.0 &&
-      options.compute_cost_per_flop > 0.0 && !ops.empty() && g.dtype_bytes[ops[0]] == 2) {
+  if (options.compute_cost_per_flop_half > 0.0 && options.compute_cost_per_flop > 0.0 && !ops.empty() &&
+      g.dtype_bytes[ops[0]] == 2) {
     flop_scale = options.compute_cost_per_flop_half / options.compute_cost_per_flop;
   }
   for (Strategy& st : list) {
