@@ -69,7 +69,6 @@ struct Assembler {
   ShardingProblem& p;
   const std::vector<double>& weights;       // empty or one cost factor per node
   const std::vector<double>& comm_weights;  // empty or one factor per node for its own comm
-  double copy_cost_per_byte = 0.0;          // CoreOptions::compute_cost_per_byte: a reshard's local copy
   std::vector<std::vector<double>> group_costs;
   std::vector<IlpEdge> edges;
   std::unordered_map<uint64_t, size_t> edge_of_pair;  // (lo group << 32 | hi group) -> edge
@@ -100,8 +99,7 @@ struct Assembler {
     for (size_t a = 0; a < iu.unique.size(); ++a) {
       for (size_t b = 0; b < iv.unique.size(); ++b) {
         r[a * iv.unique.size() + b] =
-            weight(v) * (reshard_cost(mesh, shape, elem, *iu.unique[a], *iv.unique[b]) +
-                         reshard_copy_cost(mesh, g.bytes(u), *iu.unique[a], *iv.unique[b], copy_cost_per_byte));
+            weight(v) * reshard_cost(mesh, shape, elem, *iu.unique[a], *iv.unique[b]);
       }
     }
     auto cost = [&](size_t i, size_t j) { return r[iu.of[i] * iv.unique.size() + iv.of[j]]; };
@@ -303,7 +301,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     p.repeat = tie_repeated_groups(graph, p.nodes, find_repeats(graph), p.node_group, group_size);
     num_groups = static_cast<int64_t>(group_size.size());
   }
-  Assembler as{graph, mesh, p, node_weights, comm_weights, options.compute_cost_per_byte, {}, {}, {}};
+  Assembler as{graph, mesh, p, node_weights, comm_weights, {}, {}, {}};
   as.group_costs.resize(num_groups);
   for (int64_t gi = 0; gi < num_groups; ++gi) as.group_costs[gi].assign(group_size[gi], 0.0);
   as.add_group_costs();

@@ -170,15 +170,6 @@ void apply_measured_rates(const Graph& g, const Mesh& mesh, const CoreOptions& o
   }
 }
 
-double reshard_copy_cost(const Mesh& mesh, double bytes, const Spec& src, const Spec& dst, double per_byte) {
-  if (per_byte <= 0.0) return 0.0;
-  bool same = true;
-  for (int ax = 0; ax < mesh.ndim(); ++ax) same = same && (mesh.shape[ax] <= 1 || src[ax] == dst[ax]);
-  if (same) return 0.0;
-  return per_byte * bytes *
-         (1.0 / static_cast<double>(num_shards(src, mesh)) + 1.0 / static_cast<double>(num_shards(dst, mesh)));
-}
-
 std::vector<char> combinable_reductions(const Graph& g, std::span<const double> weights) {
   const int64_t n = g.num_nodes();
   if (!weights.empty() && static_cast<int64_t>(weights.size()) != n) {

@@ -110,8 +110,8 @@ class AutoShardingOption:
         plan is requested; none there: a warning and unit costs). With a profile each mesh axis
         costs the measured alpha/beta (the LogicalMesh's alpha/beta are not used),
         ``compute_cost_per_flop`` is the measured seconds per float32 FLOP (bfloat16/float16 dots
-        and convolutions: per bfloat16 FLOP), each op costs at least its bytes moved over the
-        measured memory bandwidth and each reshard its local copy too (a roofline:
+        and convolutions: per bfloat16 FLOP), each dot or convolution costs at least its bytes
+        moved over the measured memory bandwidth (a roofline:
         ``_core.CoreOptions.compute_cost_per_byte``), ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
         content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.

@@ -212,8 +212,7 @@ def test_measured_rates_cost_the_bytes_a_dot_moves_and_16_bit_dots_at_their_rate
     """compute_cost_per_byte (a profile's 1 / memory bandwidth): each dot or convolution strategy's
     compute is the larger of its FLOP cost and the bytes it moves per device (operands in the
     layouts it reads them, its result); other ops keep their FLOP cost (XLA fuses them);
-    compute_cost_per_flop_half: dots of 2-byte operands at that rate; a reshard between two layouts
-    costs its local copy (source and destination shard) beside its collectives."""
+    compute_cost_per_flop_half: dots of 2-byte operands at that rate."""
     b = GraphBuilder()
     x, w = param(b, [32, 64]), param(b, [64, 128], 1)
     d = dot(b, x, w, [32, 128])
@@ -247,16 +246,3 @@ def test_measured_rates_cost_the_bytes_a_dot_moves_and_16_bit_dots_at_their_rate
     assert list(prob.compute_cost[offs[e]:offs[e + 1]]) == list(base.compute_cost[offs[e]:offs[e + 1]])
     half = np.asarray(prob.compute_cost[offs[dh]:offs[dh + 1]])
     assert np.isclose(half, theirs / 2, rtol=1e-12, atol=0).any() and (half < ours).all()
-    # the reshard's copy: x made split over y, the dot reading it replicated (rhs) and split (lhs)
-    b = GraphBuilder()
-    x = param(b, [64, 64])
-    d = dot(b, x, x, [64, 64])
-    plain = _core.build_sharding_problem(built_graph(b), MESH14, options(), [])
-    copying = _core.build_sharding_problem(built_graph(b), MESH14, measured, [])
-    plan = np.array([strategy_index(plain, x, out=[-1, 0]), strategy_index(plain, d, name="dot lfree0@y")],
-                    dtype=np.int64)
-    extra = _core.evaluate(copying.ilp, plan).edge_cost - _core.evaluate(plain.ilp, plan).edge_cost
-    assert extra == pytest.approx(per_byte * 64 * 64 * F32 * (1 / 4 + 1))  # lhs: same layout, no copy
-    plan[0] = strategy_index(plain, x, out=R)  # x replicated: the lhs is sliced, the rhs read as it is
-    extra = _core.evaluate(copying.ilp, plan).edge_cost - _core.evaluate(plain.ilp, plan).edge_cost
-    assert extra == pytest.approx(per_byte * 64 * 64 * F32 * (1 + 1 / 4))

@@ -28,11 +28,12 @@ struct CoreOptions {
   // Cost per byte a dot or convolution moves through its device's memory: its operands in the
   // layouts it reads them and its result, per device. > 0: each of its strategies' compute is the
   // larger of its FLOP cost and this byte cost (a roofline: a small or skinny dot is bound by
-  // memory bandwidth), and a reshard between two layouts costs the bytes it copies too (the source
-  // and the destination shard, per device), beside its collectives. Other ops keep their FLOP cost:
-  // XLA fuses elementwise chains, and costing each op's bytes made ZeRO-2 "1.7x faster" than data
-  // parallelism on the small GPT where it runs 2% faster (s27). 0: FLOPs only (a measured profile
-  // sets 1 / the device's memory bandwidth).
+  // memory bandwidth). Other ops keep their FLOP cost and reshards their collectives' (s27, the
+  // small GPT on 8 CPU devices with the measured profile: costing each elementwise op's bytes
+  // predicted ZeRO-2 1.7x faster than data parallelism, measured 2%: XLA fuses elementwise chains;
+  // costing each reshard's local copy gave data parallelism's plan 18 ms of copies in the merged
+  // ILP and ranked Megatron, measured slowest, first). 0: FLOPs only (a measured profile sets
+  // 1 / the device's memory bandwidth).
   double compute_cost_per_byte = 0.0;
   // Merge followers (elementwise, transpose, reduce, output, ...) into the node they follow.
   bool merge_followers = true;
@@ -107,9 +108,5 @@ double node_flops(const Graph& g, int64_t v);
 // larger of that and the bytes it moves per device (each operand in the layout it reads, its result).
 void apply_measured_rates(const Graph& g, const Mesh& mesh, const CoreOptions& options, int64_t v,
                           std::vector<Strategy>& list);
-
-// The local copy of a reshard of a value of `bytes` (whole) from `src` to `dst`: `per_byte` times the
-// source and destination shards' bytes per device; 0 when the layouts are equal (axes of size 1 aside).
-double reshard_copy_cost(const Mesh& mesh, double bytes, const Spec& src, const Spec& dst, double per_byte);
 
 }  // namespace alpa
