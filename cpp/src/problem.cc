@@ -286,8 +286,7 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
     p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
     drop_unsafe_splits(ctx, indexed, v, p.nodes.back());
     check_rule_output(graph, mesh, p.nodes, v);
-    const double bytes = graph.bytes(v);
-    for (Strategy& st : p.nodes[v].list) st.memory = bytes / static_cast<double>(num_shards(st.out, mesh));
+    for (Strategy& st : p.nodes[v].list) st.memory = graph.bytes(v) / static_cast<double>(num_shards(st.out, mesh));
     apply_measured_rates(graph, mesh, options, v, p.nodes[v].list);
     const int64_t leader = p.nodes[v].follow;
     if (leader >= 0) {

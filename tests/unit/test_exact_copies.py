@@ -10,10 +10,9 @@ import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.driver import budget as budget_module
 from alpa_pass.driver import exact_copies, exact_fit
-from alpa_pass.driver.exact_copies import (EXACT_STATUS, CopyColumns, exact_copy_solution, row_peaks, start_points,
-                                           value_rows)
+from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, start_points
 from alpa_pass.driver.jit import make_plan
-from alpa_pass.driver.memory_rows import memory_row_matrix
+from alpa_pass.driver.memory_rows import memory_row_matrix, row_peaks, value_rows
 from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.solve.highs import SolveOptions
 from alpa_pass.solve.support import least_memory_columns

@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse
 
 from alpa_pass import _core
-from alpa_pass.driver.memory_rows import memory_row_matrix
+from alpa_pass.driver.memory_rows import memory_row_matrix, row_peaks, value_rows
 from alpa_pass.solve.highs import Solution
 from alpa_pass.solve.highs_io import _highs
 from alpa_pass.solve.support import least_memory_columns
@@ -449,52 +449,6 @@ def _nearby_columns(problem, assignment, held, used, bound: float, rel_gap: floa
     out = used.copy()
     out[gs[0]:gs[-1]] &= near
     out[plan] = True
-    return out
-
-
-def value_rows(problem, points) -> scipy.sparse.csr_matrix:
-    """The memory row of each of ``points`` (program points, ascending; any point, not only
-    ``problem.memory_row_points``) over the ILP's columns, its values only (no copies): each value
-    live there (``problem.live_*``) adds its strategies' bytes to its group's columns (merged nodes
-    add up per strategy), as ``_core`` memory.cc materialise_memory_rows does for a row's point."""
-    points = np.asarray(points, dtype=np.int64)
-    gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
-    group = np.asarray(problem.node_group, dtype=np.int64)
-    off = np.asarray(problem.strategy_offsets, dtype=np.int64)
-    memory = np.asarray(problem.memory)
-    nodes, start, end = (np.asarray(a, dtype=np.int64) for a in (problem.live_nodes, problem.live_start,
-                                                                  problem.live_end))
-    rows, cols, data = [], [], []
-    for r, t in enumerate(points):
-        live = nodes[(start <= t) & (end >= t)]
-        counts = off[live + 1] - off[live]
-        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # (node by node)
-        rows.append(np.full(k.size, r))
-        cols.append(np.repeat(gs[group[live]], counts) + k)
-        data.append(memory[np.repeat(off[live], counts) + k])
-    if not rows:
-        return scipy.sparse.csr_matrix((points.size, int(problem.ilp.num_cols)))
-    out = scipy.sparse.csr_matrix((np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))),
-                                  shape=(points.size, int(problem.ilp.num_cols)))
-    out.sum_duplicates()
-    return out
-
-
-def row_peaks(problem, assignment) -> np.ndarray:
-    """Each memory row's bytes under ``assignment`` (a strategy per group), its reshard copies live
-    at the row's point included (``problem.reshard_copies``): the largest is ``predicted_peak``."""
-    assignment = np.asarray(assignment, dtype=np.int64)
-    points = np.asarray(problem.memory_row_points)
-    out = np.asarray(problem.memory_row_activity(assignment), dtype=np.float64).copy()
-    made = problem.reshard_copies(assignment)
-    if made:
-        start = np.searchsorted(points, np.asarray([c[3] for c in made]))
-        end = np.searchsorted(points, np.asarray([c[4] for c in made]), side="right")
-        delta = np.zeros(points.size + 1)
-        size = np.asarray([c[5] for c in made], dtype=np.float64)
-        np.add.at(delta, start, size)
-        np.add.at(delta, end, -size)
-        out += np.cumsum(delta)[:-1]
     return out
 
 

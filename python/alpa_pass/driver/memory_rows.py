@@ -1,6 +1,8 @@
-"""Memory rows as matrices: a problem's budget rows materialised (CSR over the ILP's columns) and
-the rows another row dominates, which can be left out without changing the feasible plans
-(``driver.budget`` adds memory rows lazily and drops dominated ones)."""
+"""Memory rows as matrices: a problem's budget rows materialised (CSR over the ILP's columns), the
+rows another row dominates, which can be left out without changing the feasible plans
+(``driver.budget`` adds memory rows lazily and drops dominated ones), the row of any program point
+(``value_rows``) and each row's bytes under a plan with its reshard copies (``row_peaks``; both for
+``driver.exact_copies``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,3 +51,49 @@ def _row_range(m: scipy.sparse.csr_matrix, lo: int, hi: int) -> scipy.sparse.csr
     ptr = m.indptr[lo:hi + 1]
     return scipy.sparse.csr_matrix((m.data[ptr[0]:ptr[-1]], m.indices[ptr[0]:ptr[-1]], ptr - ptr[0]),
                                    shape=(hi - lo, m.shape[1]))
+
+
+def value_rows(problem, points) -> scipy.sparse.csr_matrix:
+    """The memory row of each of ``points`` (program points, ascending; any point, not only
+    ``problem.memory_row_points``) over the ILP's columns, its values only (no copies): each value
+    live there (``problem.live_*``) adds its strategies' bytes to its group's columns (merged nodes
+    add up per strategy), as ``_core`` memory.cc materialise_memory_rows does for a row's point."""
+    points = np.asarray(points, dtype=np.int64)
+    gs = np.asarray(problem.ilp.group_var_start, dtype=np.int64)
+    group = np.asarray(problem.node_group, dtype=np.int64)
+    off = np.asarray(problem.strategy_offsets, dtype=np.int64)
+    memory = np.asarray(problem.memory)
+    nodes, start, end = (np.asarray(a, dtype=np.int64) for a in (problem.live_nodes, problem.live_start,
+                                                                  problem.live_end))
+    rows, cols, data = [], [], []
+    for r, t in enumerate(points):
+        live = nodes[(start <= t) & (end >= t)]
+        counts = off[live + 1] - off[live]
+        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # (node by node)
+        rows.append(np.full(k.size, r))
+        cols.append(np.repeat(gs[group[live]], counts) + k)
+        data.append(memory[np.repeat(off[live], counts) + k])
+    if not rows:
+        return scipy.sparse.csr_matrix((points.size, int(problem.ilp.num_cols)))
+    out = scipy.sparse.csr_matrix((np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))),
+                                  shape=(points.size, int(problem.ilp.num_cols)))
+    out.sum_duplicates()
+    return out
+
+
+def row_peaks(problem, assignment) -> np.ndarray:
+    """Each memory row's bytes under ``assignment`` (a strategy per group), its reshard copies live
+    at the row's point included (``problem.reshard_copies``): the largest is ``predicted_peak``."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    points = np.asarray(problem.memory_row_points)
+    out = np.asarray(problem.memory_row_activity(assignment), dtype=np.float64).copy()
+    made = problem.reshard_copies(assignment)
+    if made:
+        start = np.searchsorted(points, np.asarray([c[3] for c in made]))
+        end = np.searchsorted(points, np.asarray([c[4] for c in made]), side="right")
+        delta = np.zeros(points.size + 1)
+        size = np.asarray([c[5] for c in made], dtype=np.float64)
+        np.add.at(delta, start, size)
+        np.add.at(delta, end, -size)
+        out += np.cumsum(delta)[:-1]
+    return out
