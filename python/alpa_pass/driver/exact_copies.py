@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse
 
 from alpa_pass import _core
-from alpa_pass.driver.memory_rows import memory_row_matrix, row_peaks, value_rows
+from alpa_pass.driver.memory_rows import memory_row_matrix, offsets_within, row_peaks, value_rows
 from alpa_pass.solve.highs import Solution
 from alpa_pass.solve.highs_io import _highs
 from alpa_pass.solve.support import least_memory_columns
@@ -197,11 +197,11 @@ class CopyColumns:
         """The copy columns' coefficients in the memory rows of ``points`` (ascending: one row each),
         over the ILP's columns and then the copy columns."""
         points = np.asarray(points)
-        first, last, col, size = (np.asarray(t) for t in self._terms)
-        start = np.searchsorted(points, first) if first.size else np.zeros(0, dtype=np.int64)
-        count = np.maximum(np.searchsorted(points, last, side="right") - start, 0) if first.size else start
-        rows = np.repeat(start, count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        return scipy.sparse.csr_matrix((np.repeat(size, count).astype(np.float64), (rows, np.repeat(col, count))),
+        first, last, col, size = (np.asarray(t, dtype=d) for t, d in zip(self._terms, (np.int64,) * 3 + (np.float64,)))
+        start = np.searchsorted(points, first)
+        count = np.maximum(np.searchsorted(points, last, side="right") - start, 0)  # (the points each spans)
+        rows = np.repeat(start, count) + offsets_within(count)
+        return scipy.sparse.csr_matrix((np.repeat(size, count), (rows, np.repeat(col, count))),
                                        shape=(points.size, self.first + self.count))
 
     def least_values(self, x: np.ndarray) -> np.ndarray:

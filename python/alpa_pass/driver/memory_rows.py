@@ -53,6 +53,13 @@ def _row_range(m: scipy.sparse.csr_matrix, lo: int, hi: int) -> scipy.sparse.csr
                                    shape=(hi - lo, m.shape[1]))
 
 
+def offsets_within(counts) -> np.ndarray:
+    """0..c-1 for each c of ``counts`` (non-negative ints), concatenated: the offsets of the items of
+    consecutive runs of these lengths within their run."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def value_rows(problem, points) -> scipy.sparse.csr_matrix:
     """The memory row of each of ``points`` (program points, ascending; any point, not only
     ``problem.memory_row_points``) over the ILP's columns, its values only (no copies): each value
@@ -69,7 +76,7 @@ def value_rows(problem, points) -> scipy.sparse.csr_matrix:
     for r, t in enumerate(points):
         live = nodes[(start <= t) & (end >= t)]
         counts = off[live + 1] - off[live]
-        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # (node by node)
+        k = offsets_within(counts)  # (node by node)
         rows.append(np.full(k.size, r))
         cols.append(np.repeat(gs[group[live]], counts) + k)
         data.append(memory[np.repeat(off[live], counts) + k])
