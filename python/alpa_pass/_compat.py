@@ -160,6 +160,43 @@ def kept_var_idx(computation) -> list[int]:
     return sorted(computation.compile_args["kept_var_idx"])
 
 
+def python_dispatch(computation):
+    """A copy of ``computation`` (a ``MeshComputation``), compiled now, whose executable jax runs
+    only through its Python dispatch path, which reshards every argument into the executable's
+    input shardings (``pxla.shard_args``).
+
+    For a planned computation called with arguments committed to other layouts of ours: jax
+    lowers a ``jax.jit`` without in_shardings with each committed argument's own sharding, and
+    the C++ fast path it caches after the first call passes committed buffers as they are, so the
+    executable would read shards of the wrong shape (PJRT "RuntimeProgramInputMismatch", then a
+    crash). jax caches no fast path for an executable whose ``unsafe_call`` is not an
+    ``ExecuteReplicated`` (``pjit._get_fastpath_data``); the copy's is a thin forwarder. The
+    compiled XLA executable is shared, not recompiled."""
+    import copy
+
+    executable = computation.compile()
+    view = copy.copy(executable)
+    view._unsafe_call = _PythonOnlyCall(executable.unsafe_call)
+    out = copy.copy(computation)
+    out._executable = view
+    return out
+
+
+class _PythonOnlyCall:
+    """Forwards calls and attributes to an ``ExecuteReplicated`` without being one."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __call__(self, *args):
+        return self._inner(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 def const_args(computation) -> list:
     """Constants the lowering hoisted into leading module arguments (empty unless hoisting is on)."""
     return list(getattr(computation, "const_args", ()))

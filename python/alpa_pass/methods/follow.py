@@ -67,10 +67,10 @@ class FollowParallel(IntraOpMethod):
         matches = sorted(match_leaves(exe.abstract_inputs, args).items())
         nodes = graph.param_nodes()
         specs = core_specs([exe.input_shardings[j] for _, j in matches], mesh)
-        return _with_unit_dim_views(graph, [(nodes[i], spec) for (i, _), spec in zip(matches, specs)])
+        return with_unit_dim_views(graph, [(nodes[i], spec) for (i, _), spec in zip(matches, specs)])
 
 
-def _with_unit_dim_views(graph, pins: list) -> list:
+def with_unit_dim_views(graph, pins: list) -> list:
     """``pins`` plus, for each pinned value, the broadcasts and reshapes of it that only add or
     drop size-1 dims (``bias[None, :]`` before a broadcast to the batch): the same data in the same
     layout, so they are pinned (and read) as the parameter is; otherwise the planner could

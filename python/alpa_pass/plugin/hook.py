@@ -37,12 +37,17 @@ SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put
 @dataclasses.dataclass
 class Entry:
     """One planned computation: its plan, the full in_shardings tuple and the lowered computation
-    (``computation`` None: planning failed, lower it untouched)."""
+    (``computation`` None: planning failed, lower it untouched); ``kept``: the positions of the
+    arguments the computation reads (jax drops the others); ``resharding``: the computation as
+    run for arguments committed to other layouts of ours (``_compat.python_dispatch``), made at
+    the first such call."""
 
     name: str
     plan: object
     in_shardings: tuple
     computation: object
+    kept: tuple = ()
+    resharding: object = None
 
 
 @dataclasses.dataclass
@@ -90,9 +95,13 @@ class LoweringHook:
                 if reason is None:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
-                    return entry.computation
+                    return self._for_arrival(entry, closed_jaxpr, in_shardings)
             elif all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings):
-                return self._plan_new(key, probe, original, args, kwargs)
+                computation = self._plan_new(key, probe, original, args, kwargs)
+                entry = self._cache[key]
+                if entry.computation is None:
+                    return computation
+                return self._for_arrival(entry, closed_jaxpr, in_shardings)
             else:
                 reason = "arguments committed to shardings of the user's"
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
@@ -152,6 +161,23 @@ class LoweringHook:
             return "arguments committed to shardings of the user's, not the plan's"
         return None
 
+    def _for_arrival(self, entry: Entry, closed_jaxpr, in_shardings):
+        """``entry``'s computation for arguments with these shardings: itself when every argument
+        it reads is uncommitted or committed to the layout it was planned for, else its
+        Python-dispatched copy, which reshards them on entry at every call (a jitted init's
+        outputs entering the train step; an argument planned elsewhere than an earlier plan
+        left it)."""
+        avals = closed_jaxpr.in_avals
+        if all(_compat.is_unspecified(in_shardings[i]) or
+               in_shardings[i].is_equivalent_to(entry.in_shardings[i], len(avals[i].shape))
+               for i in entry.kept):
+            return entry.computation
+        if entry.resharding is None:
+            log.debug("alpa_pass: %s is called with arguments in other layouts of ours than its plan's; "
+                      "they are resharded on entry (jax's Python dispatch path)", entry.name)
+            entry.resharding = _compat.python_dispatch(entry.computation)
+        return entry.resharding
+
     def _plan_new(self, key, probe, original, args, kwargs):
         if self._planner is None:
             # The planner pulls in the C++ core, highspy and the MLIR walkers: imported at the first
@@ -162,7 +188,8 @@ class LoweringHook:
         self._local.busy = True
         try:
             plan, in_sh, computation = self._planner.plan(probe, original, args, kwargs, self.stats.planned)
-            entry = Entry(name=args[2], plan=plan, in_shardings=in_sh, computation=computation)
+            entry = Entry(name=args[2], plan=plan, in_shardings=in_sh, computation=computation,
+                          kept=tuple(_compat.kept_var_idx(computation)))
         except (PluginConfigError, MeshError):
             raise
         except AlpaPassError as e:

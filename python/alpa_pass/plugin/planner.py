@@ -22,6 +22,8 @@ from alpa_pass.emit.plan_emission import emit_plan
 from alpa_pass.errors import ExtractError
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
+from alpa_pass.methods.follow import with_unit_dim_views
+from alpa_pass.methods.layouts import core_spec
 from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel
 from alpa_pass.methods.shard import ShardParallel
 from alpa_pass.options import AutoShardingOption
@@ -64,11 +66,19 @@ class PluginPlanner:
         graph.donated_args = [k for k, i in enumerate(kept) if donated[i]]
         timings = {"extract": time.perf_counter() - t}
         in_avals = [closed_jaxpr.in_avals[i] for i in kept]
-        ties = _node_ties(graph, in_avals, closed_jaxpr.out_avals) if option.tie_outputs_to_inputs else []
-        pins = method.pins(graph, ties, meshes) if isinstance(meshes, LogicalMesh) else ()
+        returned = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
+        ties = returned if option.tie_outputs_to_inputs else []
+        pins, follow = [], []
+        if isinstance(meshes, LogicalMesh):
+            pins = list(method.pins(graph, ties, meshes))
+            follow = arrival_pins(graph, kept, args[3], returned, {int(v) for v, _ in pins}, meshes)
+            if follow:
+                log.info("alpa_pass: %s reads %d argument(s) where an earlier plan's outputs lie (it returns no "
+                         "new value of them): their layouts are kept", name, len(follow))
+                follow = with_unit_dim_views(graph, follow)
         request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,
-                                     option, out_avals=closed_jaxpr.out_avals, ties=ties, pins=pins, name=name,
-                                     timings=timings)
+                                     option, out_avals=closed_jaxpr.out_avals, ties=ties, pins=pins + follow,
+                                     name=name, timings=timings)
         plan = plan_request(request)
         timings = plan.timings
         t = time.perf_counter()
@@ -101,6 +111,29 @@ class PluginPlanner:
             method = cls(mesh="auto", option=option) if shape == "auto" else cls(mesh=mesh, option=option)
             self._method = (method, mesh)
         return self._method
+
+
+def arrival_pins(graph, kept, in_shardings, returned, pinned, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
+    """(parameter node, core spec) for each argument the computation reads that arrives committed
+    to a layout on ``mesh`` (the hook plans only computations whose committed arguments are in
+    layouts of ours) and that it returns no new value of (``returned``: (output node, parameter
+    node) pairs; ``pinned``: nodes the method pins already). Such an argument keeps the layout it
+    arrives in, as under ``FollowParallel``: an eval step reads the parameters where the train
+    step keeps them, with no reshard on entry at every call. A train step's state (returned, its
+    new value feeds the next call) is planned freely and resharded once."""
+    jmesh = mesh.jax_mesh()
+    where = (tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names))
+    skip = {int(p) for _, p in returned} | set(pinned)
+    params = graph.param_nodes()
+    out = []
+    for k, i in enumerate(kept):
+        s, v = in_shardings[i], params[k]
+        m = getattr(s, "mesh", None)
+        if (not isinstance(s, NamedSharding) or v < 0 or v in skip
+                or (tuple(d.id for d in m.devices.flat), tuple(m.axis_names)) != where):
+            continue
+        out.append((v, core_spec(s, mesh)))
+    return out
 
 
 def _entry_shardings(plan, kept, num_inputs):
