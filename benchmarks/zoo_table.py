@@ -20,11 +20,20 @@ ZOO = {
     "flax linen, TrainState": "train_flax.py",
     "flax NNX (nnx.jit, Optimizer, Rngs, Dropout, BatchNorm)": "train_nnx.py",
     "Equinox (filter_jit, typed keys, Dropout)": "train_equinox.py",
-    "Keras 3 model.fit (3 epochs)": "train_keras.py",
+    "Keras 3 model.fit (3 epochs, validation_data), evaluate, predict": "train_keras.py",
+    "flax linen: jitted init, eval step every 2 steps, a second run from the init": "train_eval_restart.py",
+    "flax linen + orbax CheckpointManager: save, restart, restore, train on": "train_orbax_resume.py",
     "optax MultiSteps": "train_multisteps.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
 }
+
+
+def losses(out: dict) -> list[float]:
+    """Every loss a script printed: training (``losses``, or per run), validation, after a restart."""
+    runs = out.get("runs") or [out]
+    return [v for r in runs for v in (*r["losses"], *(e["loss"] for e in r.get("evals", ())))] + \
+        [*out.get("val_losses", ()), *out.get("resumed", ())]
 
 
 def run(script: str, plugin: bool) -> tuple[dict, dict]:
@@ -56,7 +65,7 @@ def main(argv=None) -> None:
             print(f"| {library} | library not installed | | | |")
             continue
         step = "train_step"
-        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(out["losses"], plain["losses"]))
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses(out), losses(plain)))
         on_all = sum(p["devices"] == 8 for p in out["params"])
         print(f"| {library} | {out_run['plugin']['planned']} | {out_run['compiles'].get(step)}/"
               f"{plain_run['compiles'].get(step)} | {on_all}/{len(out['params'])} | {diff:.1e} |")

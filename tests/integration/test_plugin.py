@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -237,7 +238,7 @@ def test_typed_prng_key_step_is_planned_once():
 
 
 @pytest.mark.parametrize("script", ["train_nnx.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
-    "train_linen_jit_init.py", "train_equinox.py", "train_keras.py", "train_multisteps.py"))])
+    "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); flax linen with a jitted
@@ -285,6 +286,31 @@ def test_eval_step_keeps_the_train_layouts_and_a_restart_from_the_init_reshards(
     train_out = json.loads(train.read_text())["output_specs"][1:1 + n]  # state.step, then the params
     eval_in = json.loads(evals.read_text())["input_specs"][:n]  # the params (step, opt_state unread)
     assert eval_in == train_out and any("'y'" in s for s in eval_in), (eval_in, train_out)
+
+
+@pytest.mark.slow
+def test_keras_fit_with_validation_evaluate_and_predict():
+    """Keras 3 ``model.fit(..., validation_data=...)``, ``evaluate`` and ``predict``
+    (tests/scripts/train_keras.py): its jitted ``train_step``, ``test_step`` and ``predict_step``
+    are planned and compile once each, as without the plugin; ``test_step`` and ``predict_step``
+    read the trainable variables where ``train_step`` leaves them (Keras's ``test_step`` hands
+    them back unchanged: an argument returned as it came in is followed, not planned anew and
+    resharded on entry at every call), and every loss and prediction equals plain jax.jit's."""
+    plain, plain_info, _ = _run("train_keras.py")
+    out, run, stderr = _run("train_keras.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert run["plugin"]["planned"] == 3 and run["plugin"]["failed"] == 0
+    for name in ("train_step", "test_step", "predict_step"):
+        assert run["compiles"][name] == plain_info["compiles"][name] == 1, name
+        assert f"planned {name} on mesh 1x8" in stderr
+    for name in ("test_step", "predict_step"):  # the trainable variables and the dropout seed
+        followed = re.search(rf"{name} reads (\d+) argument\(s\) where an earlier plan's outputs lie", stderr)
+        assert followed and int(followed.group(1)) == len(out["params"]) + 1, stderr
+    assert len(out["losses"]) == 12 and len(out["val_losses"]) == 3
+    for a, b in zip(out["losses"] + out["val_losses"], plain["losses"] + plain["val_losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert out["evaluate"] == pytest.approx(plain["evaluate"], rel=1e-5)
+    assert out["predict_abs_sum"] == pytest.approx(plain["predict_abs_sum"], rel=1e-5)
+    assert all(p["devices"] == 8 for p in out["params"]) and any("'y'" in p["spec"] for p in out["params"])
 
 
 def test_first_computation_of_the_script_is_planned():

@@ -1,6 +1,8 @@
 """A Keras 3 training script on the JAX backend that knows nothing of alpa_pass (run it unchanged):
 Dense layers with Dropout and LayerNormalization, ``model.compile(optimizer="adam")`` and
-``model.fit`` over 3 epochs. Prints one JSON line: the per-batch losses and, per trainable
+``model.fit`` over 3 epochs with ``validation_data`` (Keras's jitted ``test_step`` after each
+epoch), then ``model.evaluate`` and ``model.predict``. Prints one JSON line: the per-batch
+losses, the validation losses, the evaluate loss, the sum of |predictions| and, per trainable
 variable, the devices its value's sharding spans and its spec."""
 import json
 import os
@@ -35,8 +37,14 @@ def main():
                               keras.layers.Dense(HIDDEN)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
     record = BatchLosses()
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[record])
-    print(json.dumps({"losses": record.losses, "params": [
+    xv = rng.standard_normal((SAMPLES, HIDDEN), dtype=np.float32)
+    yv = rng.standard_normal((SAMPLES, HIDDEN), dtype=np.float32)
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[record],
+                        validation_data=(xv, yv))
+    evaluated = model.evaluate(xv, yv, batch_size=BATCH, verbose=0)
+    predicted = model.predict(xv, batch_size=BATCH, verbose=0)
+    print(json.dumps({"losses": record.losses, "val_losses": [float(v) for v in history.history["val_loss"]],
+                      "evaluate": float(evaluated), "predict_abs_sum": float(np.abs(predicted).sum()), "params": [
         {"devices": len(v.value.sharding.device_set), "spec": str(getattr(v.value.sharding, "spec", None))}
         for v in model.trainable_variables]}))
 

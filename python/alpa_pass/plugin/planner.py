@@ -117,13 +117,15 @@ def arrival_pins(graph, kept, in_shardings, returned, pinned, mesh: LogicalMesh)
     """(parameter node, core spec) for each argument the computation reads that arrives committed
     to a layout on ``mesh`` (the hook plans only computations whose committed arguments are in
     layouts of ours) and that it returns no new value of (``returned``: (output node, parameter
-    node) pairs; ``pinned``: nodes the method pins already). Such an argument keeps the layout it
+    node) pairs, an argument returned unchanged counting as not returned, as Keras's
+    ``test_step`` hands back its variables; ``pinned``: nodes the method pins already). Such an argument keeps the layout it
     arrives in, as under ``FollowParallel``: an eval step reads the parameters where the train
     step keeps them, with no reshard on entry at every call. A train step's state (returned, its
     new value feeds the next call) is planned freely and resharded once."""
     jmesh = mesh.jax_mesh()
     where = (tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names))
-    skip = {int(p) for _, p in returned} | set(pinned)
+    # (an OUTPUT node whose operand is the parameter node: the argument returned as it came in)
+    skip = {int(p) for o, p in returned if graph.operands(int(o)) != [int(p)]} | set(pinned)
     params = graph.param_nodes()
     out = []
     for k, i in enumerate(kept):
