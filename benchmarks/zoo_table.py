@@ -21,7 +21,7 @@ ZOO = {
     "flax NNX (nnx.jit, Optimizer, Rngs, Dropout, BatchNorm)": "train_nnx.py",
     "Equinox (filter_jit, typed keys, Dropout)": "train_equinox.py",
     "Keras 3 model.fit (3 epochs, validation_data), evaluate, predict": "train_keras.py",
-    "flax linen: jitted init, eval step every 2 steps, a second run from the init": "train_eval_restart.py",
+    "flax linen: jitted init, eval before training and every 2 steps, a second run from the init": "train_eval_restart.py",
     "flax linen + orbax CheckpointManager: save, restart, restore, train on": "train_orbax_resume.py",
     "optax MultiSteps": "train_multisteps.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",

@@ -1,7 +1,7 @@
 """A flax linen script (run it unchanged) with the loop flax's examples write around a training
-step: a *jitted* TrainState init (lm1b style), a jitted ``eval_step(state, x, y)`` every 2 steps
-(loss and accuracy from ``state.params``: it returns no new state), and a second run of the loop
-from the same initial state (a restart, or the next trial of a sweep).
+step: a *jitted* TrainState init (lm1b style), a jitted ``eval_step(state, x, y)`` before training
+and every 2 steps (loss and accuracy from ``state.params``: it returns no new state), and a second
+run of the loop from the same initial state (a restart, or the next trial of a sweep).
 
 Prints one JSON line: per run the training losses and the eval metrics, and per parameter leaf
 the devices its sharding spans and its spec."""
@@ -60,7 +60,8 @@ def main():
     initial = create_state(jax.random.key(0), x)
     runs = []
     for _ in range(2):
-        state, losses, evals = initial, [], []
+        state, losses = initial, []
+        evals = [{k: float(v) for k, v in eval_step(state, xe, ye).items()}]
         for step in range(STEPS):
             state, loss = train_step(state, x, y)
             losses.append(float(loss))

@@ -40,13 +40,16 @@ class Entry:
     (``computation`` None: planning failed, lower it untouched); ``kept``: the positions of the
     arguments the computation reads (jax drops the others); ``resharding``: the computation as
     run for arguments committed to other layouts of ours (``_compat.python_dispatch``), made at
-    the first such call."""
+    the first such call; ``followable``: the positions of the arguments that keep the layout an
+    earlier plan left them in (``plugin.planner.followable``): arriving in other layouts of ours,
+    they get a plan of their own (a variant under the same cache key)."""
 
     name: str
     plan: object
     in_shardings: tuple
     computation: object
     kept: tuple = ()
+    followable: tuple = ()
     resharding: object = None
 
 
@@ -89,19 +92,22 @@ class LoweringHook:
             unspecified = tuple(_compat.unspecified() for _ in in_shardings)
             probe = original(*args[:3], unspecified, *args[4:], **kwargs)
             key = _cache_key(probe, args, kwargs)
-            entry = self._cache.get(key)
-            if entry is not None:
+            variants = self._cache.get(key, [])
+            entry = next((e for e in variants if self._follows(e, closed_jaxpr, in_shardings)), None)
+            ours = all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings)
+            if entry is None and ours and (not variants or variants[0].computation is not None):
+                computation = self._plan_new(key, probe, original, args, kwargs)
+                entry = self._cache[key][-1]
+                if entry.computation is None:
+                    return computation
+                return self._for_arrival(entry, closed_jaxpr, in_shardings)
+            if variants:
+                entry = entry or variants[0]
                 reason = self._reuse_reason(entry, in_shardings)
                 if reason is None:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
                     return self._for_arrival(entry, closed_jaxpr, in_shardings)
-            elif all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings):
-                computation = self._plan_new(key, probe, original, args, kwargs)
-                entry = self._cache[key]
-                if entry.computation is None:
-                    return computation
-                return self._for_arrival(entry, closed_jaxpr, in_shardings)
             else:
                 reason = "arguments committed to shardings of the user's"
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
@@ -117,7 +123,7 @@ class LoweringHook:
 
     def entries(self) -> list[Entry]:
         """Every computation planned (or whose planning failed) so far, in order."""
-        return list(self._cache.values())
+        return [e for variants in self._cache.values() for e in variants]
 
     def skip_reason(self, closed_jaxpr, api_name, out_shardings, kwargs) -> str | None:
         """Why this computation is lowered untouched, or None when it is (or may be) planned."""
@@ -161,6 +167,15 @@ class LoweringHook:
             return "arguments committed to shardings of the user's, not the plan's"
         return None
 
+    @staticmethod
+    def _follows(entry: Entry, closed_jaxpr, in_shardings) -> bool:
+        """Whether each of ``entry``'s followable arguments arrives uncommitted or in the layout
+        ``entry`` reads it in (else another variant, or a new one, follows these layouts)."""
+        avals = closed_jaxpr.in_avals
+        return all(_compat.is_unspecified(in_shardings[i]) or
+                   in_shardings[i].is_equivalent_to(entry.in_shardings[i], len(avals[i].shape))
+                   for i in entry.followable)
+
     def _for_arrival(self, entry: Entry, closed_jaxpr, in_shardings):
         """``entry``'s computation for arguments with these shardings: itself when every argument
         it reads is uncommitted or committed to the layout it was planned for, else its
@@ -187,19 +202,19 @@ class LoweringHook:
             self._planner = PluginPlanner(self.config)
         self._local.busy = True
         try:
-            plan, in_sh, computation = self._planner.plan(probe, original, args, kwargs, self.stats.planned)
+            plan, in_sh, computation, follow = self._planner.plan(probe, original, args, kwargs, self.stats.planned)
             entry = Entry(name=args[2], plan=plan, in_shardings=in_sh, computation=computation,
-                          kept=tuple(_compat.kept_var_idx(computation)))
+                          kept=tuple(_compat.kept_var_idx(computation)), followable=follow)
         except (PluginConfigError, MeshError):
             raise
         except AlpaPassError as e:
             log.warning("alpa_pass could not plan %s; it runs as plain jax.jit: %s", args[2], e)
-            self._cache[key] = Entry(args[2], None, (), None)
+            self._cache.setdefault(key, []).append(Entry(args[2], None, (), None))
             self.stats.failed += 1
             return original(*args, **kwargs)
         finally:
             self._local.busy = False
-        self._cache[key] = entry
+        self._cache.setdefault(key, []).append(entry)
         mesh = entry.plan.mesh.jax_mesh()
         self._owned_meshes.add((tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names)))
         self.stats.planned += 1

@@ -49,7 +49,8 @@ class PluginPlanner:
         again with the plan's shardings (``original``: jax's own lowering function, ``args`` /
         ``kwargs``: its arguments) and emit the plan into that lowering's module.
         ``index``: how many computations were planned before (names the report files).
-        Returns (plan, in_shardings over all jaxpr inputs, the lowered computation)."""
+        Returns (plan, in_shardings over all jaxpr inputs, the lowered computation, the jaxpr input
+        positions that keep an earlier plan's layouts when they arrive in one: :func:`followable`)."""
         closed_jaxpr, _, name, _, _, _, _, donated = args
         method, meshes = self.method()
         option = method.planning_option()
@@ -68,10 +69,11 @@ class PluginPlanner:
         in_avals = [closed_jaxpr.in_avals[i] for i in kept]
         returned = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
         ties = returned if option.tie_outputs_to_inputs else []
-        pins, follow = [], []
+        pins, follow, positions = [], [], []
         if isinstance(meshes, LogicalMesh):
             pins = list(method.pins(graph, ties, meshes))
-            follow = arrival_pins(graph, kept, args[3], returned, {int(v) for v, _ in pins}, meshes)
+            positions = followable(graph, kept, returned, {int(v) for v, _ in pins})
+            follow = arrival_pins(positions, args[3], meshes)
             if follow:
                 log.info("alpa_pass: %s reads %d argument(s) where an earlier plan's outputs lie (it returns no "
                          "new value of them): their layouts are kept", name, len(follow))
@@ -91,7 +93,7 @@ class PluginPlanner:
                  plan.emit_report.inserted)
         if self.config.report_dir:
             write_report(self.config.report_dir, index, name, plan)
-        return plan, in_sh, computation
+        return plan, in_sh, computation, tuple(i for i, _ in positions)
 
     def method(self):
         """(the IntraOpMethod ``ALPA_PASS_METHOD`` names, its resolved mesh or candidate meshes),
@@ -113,28 +115,33 @@ class PluginPlanner:
         return self._method
 
 
-def arrival_pins(graph, kept, in_shardings, returned, pinned, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
-    """(parameter node, core spec) for each argument the computation reads that arrives committed
-    to a layout on ``mesh`` (the hook plans only computations whose committed arguments are in
-    layouts of ours) and that it returns no new value of (``returned``: (output node, parameter
-    node) pairs, an argument returned unchanged counting as not returned, as Keras's
-    ``test_step`` hands back its variables; ``pinned``: nodes the method pins already). Such an argument keeps the layout it
-    arrives in, as under ``FollowParallel``: an eval step reads the parameters where the train
-    step keeps them, with no reshard on entry at every call. A train step's state (returned, its
-    new value feeds the next call) is planned freely and resharded once."""
-    jmesh = mesh.jax_mesh()
-    where = (tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names))
+def followable(graph, kept, returned, pinned=()) -> list[tuple[int, int]]:
+    """(jaxpr input position, parameter node) of each argument the computation reads and returns no
+    new value of (``returned``: (output node, parameter node) pairs; an argument returned as it
+    came in, as Keras's ``test_step`` hands back its variables, counts as not returned) and that
+    the method does not pin (``pinned``): the arguments that keep the layout they arrive in when
+    an earlier plan left them in one (:func:`arrival_pins`)."""
     # (an OUTPUT node whose operand is the parameter node: the argument returned as it came in)
     skip = {int(p) for o, p in returned if graph.operands(int(o)) != [int(p)]} | set(pinned)
     params = graph.param_nodes()
+    return [(i, params[k]) for k, i in enumerate(kept) if params[k] >= 0 and params[k] not in skip]
+
+
+def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
+    """(parameter node, core spec) for each of the ``follow`` arguments (:func:`followable`) that
+    arrives committed to a layout on ``mesh`` (the hook plans only computations whose committed
+    arguments are in layouts of ours): it keeps that layout, as under ``FollowParallel``. An eval
+    step reads the parameters where the train step keeps them, with no reshard on entry at every
+    call; a train step's state (its new value feeds the next call) is planned freely and
+    resharded once."""
+    jmesh = mesh.jax_mesh()
+    where = (tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names))
     out = []
-    for k, i in enumerate(kept):
-        s, v = in_shardings[i], params[k]
+    for i, v in follow:
+        s = in_shardings[i]
         m = getattr(s, "mesh", None)
-        if (not isinstance(s, NamedSharding) or v < 0 or v in skip
-                or (tuple(d.id for d in m.devices.flat), tuple(m.axis_names)) != where):
-            continue
-        out.append((v, core_spec(s, mesh)))
+        if isinstance(s, NamedSharding) and (tuple(d.id for d in m.devices.flat), tuple(m.axis_names)) == where:
+            out.append((v, core_spec(s, mesh)))
     return out
 
 
