@@ -183,7 +183,10 @@ def python_dispatch(computation):
 
 
 class _PythonOnlyCall:
-    """Forwards calls and attributes to an ``ExecuteReplicated`` without being one."""
+    """Forwards calls and attributes to an ``ExecuteReplicated`` without being one. An argument
+    spanning several processes is resharded first with ``jax.device_put`` (a jitted identity:
+    a collective), which ``pxla.shard_args`` refuses to do ("Cannot reshard an input that is not
+    fully addressable"); it handles the others."""
 
     __slots__ = ("_inner",)
 
@@ -191,6 +194,13 @@ class _PythonOnlyCall:
         self._inner = inner
 
     def __call__(self, *args):
+        args = list(args)
+        shardings = self._inner.in_handler.in_shardings
+        for j, i in enumerate(sorted(self._inner.kept_var_idx)):
+            x = args[i]
+            if (isinstance(x, jax.Array) and not x.is_fully_addressable
+                    and not x.sharding.is_equivalent_to(shardings[j], x.ndim)):
+                args[i] = jax.device_put(x, shardings[j])
         return self._inner(*args)
 
     def __getattr__(self, name):

@@ -115,6 +115,29 @@ def _load_script(name):
 
 
 @needs_mpi
+def test_plugin_eval_step_and_restart_from_a_jitted_init_across_processes():
+    """The plugin on flax's loop (tests/scripts/train_eval_restart.py: jitted init, eval before
+    training and every 2 steps, a second run from the init) on 2 processes x 2 devices: the train
+    step's first call reshards the init's layouts across processes (jax's dispatch refused:
+    "Cannot reshard an input that is not fully addressable"), the eval step follows both, and every
+    loss and eval metric equals the plain single-process run."""
+    proc = _launch("train_eval_restart.py", devices=2, JAX_PLUGINS="alpa_pass", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert all(p["devices"] == 4 for p in runs[0]["params"])
+    plain = subprocess.run([sys.executable, str(SCRIPTS / "train_eval_restart.py")], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT, env=_env())
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    want = json.loads(plain.stdout.strip().splitlines()[-1])
+    for got, ref in zip(runs[0]["runs"], want["runs"]):
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=helpers.RTOL, atol=helpers.ATOL)
+        np.testing.assert_allclose([e["loss"] for e in got["evals"]], [e["loss"] for e in ref["evals"]],
+                                   rtol=helpers.RTOL, atol=helpers.ATOL)
+        assert [e["accuracy"] for e in got["evals"]] == [e["accuracy"] for e in ref["evals"]]
+
+
+@needs_mpi
 def test_plugin_jit_spans_all_processes():
     """``JAX_PLUGINS=alpa_pass`` + an unchanged jax.jit script: parameters split over the 4 devices
     of both processes, losses equal the plain single-device run."""
