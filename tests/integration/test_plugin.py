@@ -296,6 +296,30 @@ def test_eval_step_keeps_the_train_layouts_and_a_restart_from_the_init_reshards(
 
 
 @pytest.mark.slow
+def test_eval_step_follows_the_train_step_onto_the_mesh_it_chose(tmp_path):
+    """``ALPA_PASS_MESH=auto``: the eval step is planned on the mesh the train step chose (where
+    its parameters lie), following their layouts, not over every candidate mesh and resharded at
+    every call; same losses and metrics as without the plugin."""
+    plain, _, _ = _run("train_eval_restart.py")
+    out, run, _ = _run("train_eval_restart.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="auto",
+                       ALPA_PASS_REPORT=str(tmp_path))
+    assert run["plugin"]["planned"] == 4 and run["plugin"]["failed"] == 0
+
+    def report(name):
+        (path,) = tmp_path.glob(f"{name}.json")
+        return json.loads(path.read_text())
+
+    train, evals = report("002_train_step"), report("003_eval_step")
+    assert evals["mesh"] == train["mesh"] and len(evals["mesh_search"] or []) <= 1, (evals["mesh"], train["mesh"])
+    n = len(out["params"])
+    assert evals["input_specs"][:n] == train["output_specs"][1:1 + n]
+    for got, want in zip(out["runs"], plain["runs"]):
+        for a, b in zip(got["losses"] + [e["loss"] for e in got["evals"]],
+                        want["losses"] + [e["loss"] for e in want["evals"]]):
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
 def test_keras_fit_with_validation_evaluate_and_predict():
     """Keras 3 ``model.fit(..., validation_data=...)``, ``evaluate`` and ``predict``
     (tests/scripts/train_keras.py): its jitted ``train_step``, ``test_step`` and ``predict_step``

@@ -70,6 +70,8 @@ class PluginPlanner:
         returned = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
         ties = returned if option.tie_outputs_to_inputs else []
         pins, follow, positions = [], [], []
+        if not isinstance(meshes, LogicalMesh):  # ALPA_PASS_MESH=auto: the mesh followed arguments lie on
+            meshes = arrival_mesh(meshes, [args[3][i] for i, _ in followable(graph, kept, returned)]) or meshes
         if isinstance(meshes, LogicalMesh):
             pins = list(method.pins(graph, ties, meshes))
             positions = followable(graph, kept, returned, {int(v) for v, _ in pins})
@@ -127,6 +129,17 @@ def followable(graph, kept, returned, pinned=()) -> list[tuple[int, int]]:
     return [(i, params[k]) for k, i in enumerate(kept) if params[k] >= 0 and params[k] not in skip]
 
 
+def _where(jmesh) -> tuple:
+    return tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names), tuple(jmesh.devices.shape)
+
+
+def arrival_mesh(candidates, shardings) -> LogicalMesh | None:
+    """The candidate mesh (``ALPA_PASS_MESH=auto``) one of these arriving shardings lies on, or None:
+    an eval step is planned on the mesh the train step chose, where its parameters are."""
+    on = {_where(s.mesh) for s in shardings if isinstance(s, NamedSharding)}
+    return next((m for m in candidates if _where(m.jax_mesh()) in on), None)
+
+
 def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
     """(parameter node, core spec) for each of the ``follow`` arguments (:func:`followable`) that
     arrives committed to a layout on ``mesh`` (the hook plans only computations whose committed
@@ -134,15 +147,9 @@ def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, lis
     step reads the parameters where the train step keeps them, with no reshard on entry at every
     call; a train step's state (its new value feeds the next call) is planned freely and
     resharded once."""
-    jmesh = mesh.jax_mesh()
-    where = (tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names))
-    out = []
-    for i, v in follow:
-        s = in_shardings[i]
-        m = getattr(s, "mesh", None)
-        if isinstance(s, NamedSharding) and (tuple(d.id for d in m.devices.flat), tuple(m.axis_names)) == where:
-            out.append((v, core_spec(s, mesh)))
-    return out
+    where = _where(mesh.jax_mesh())
+    return [(v, core_spec(in_shardings[i], mesh)) for i, v in follow
+            if isinstance(in_shardings[i], NamedSharding) and _where(in_shardings[i].mesh) == where]
 
 
 def _entry_shardings(plan, kept, num_inputs):
