@@ -23,6 +23,7 @@ ZOO = {
     "Keras 3 model.fit (3 epochs, validation_data), evaluate, predict": "train_keras.py",
     "flax linen: jitted init, eval before training and every 2 steps, a second run from the init": "train_eval_restart.py",
     "flax linen + orbax CheckpointManager: save, restart, restore, train on": "train_orbax_resume.py",
+    "Keras 3 applications.MobileNetV3Small (model.fit, unchanged)": "train_keras_app.py",
     "optax MultiSteps": "train_multisteps.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
