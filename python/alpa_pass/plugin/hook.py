@@ -12,6 +12,12 @@ The resulting ``MeshComputation`` is cached under the computation's structure. T
 training loop feeds the outputs (now committed to the plan's shardings) back in: jax lowers again
 with those shardings as in_shardings, and the hook hands back the *same* ``MeshComputation``,
 whose executable is already compiled; nothing is re-planned or re-compiled.
+
+Arguments that arrive in another plan's layouts: those the computation returns no new value of
+(an eval step's parameters) keep them (``planner.arrival_pins``), and arriving later in other
+layouts of ours they get another plan under the same key (a variant); the others (a train step's
+state coming from a jitted init) are resharded on entry through jax's Python dispatch
+(``_compat.python_dispatch``: jax's C++ path would pass them as they are).
 """
 from __future__ import annotations
 
