@@ -20,6 +20,8 @@ ZOO = {
     "flax linen, TrainState": "train_flax.py",
     "flax NNX (nnx.jit, Optimizer, Rngs, Dropout, BatchNorm)": "train_nnx.py",
     "Equinox (filter_jit, typed keys, Dropout)": "train_equinox.py",
+    "flax NNX scan over layers (nnx.vmap stack, nnx.scan, nnx.remat)": "train_nnx_scan.py",
+    "Equinox scan over layers (filter_vmap stack, lax.scan, checkpoint, inject_hyperparams)": "train_equinox_scan.py",
     "Keras 3 model.fit (3 epochs, validation_data), evaluate, predict": "train_keras.py",
     "flax linen: jitted init, eval before training and every 2 steps, a second run from the init": "train_eval_restart.py",
     "flax linen + orbax CheckpointManager: save, restart, restore, train on": "train_orbax_resume.py",
