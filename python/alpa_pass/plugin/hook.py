@@ -174,13 +174,18 @@ class LoweringHook:
         return None
 
     @staticmethod
-    def _follows(entry: Entry, closed_jaxpr, in_shardings) -> bool:
-        """Whether each of ``entry``'s followable arguments arrives uncommitted or in the layout
-        ``entry`` reads it in (else another variant, or a new one, follows these layouts)."""
+    def _arrive_as_planned(entry: Entry, positions, closed_jaxpr, in_shardings) -> bool:
+        """Whether each argument at ``positions`` arrives uncommitted or in the layout ``entry``
+        reads it in."""
         avals = closed_jaxpr.in_avals
         return all(_compat.is_unspecified(in_shardings[i]) or
                    in_shardings[i].is_equivalent_to(entry.in_shardings[i], len(avals[i].shape))
-                   for i in entry.followable)
+                   for i in positions)
+
+    def _follows(self, entry: Entry, closed_jaxpr, in_shardings) -> bool:
+        """Whether ``entry``'s followable arguments arrive as it reads them (else another variant,
+        or a new one, follows these layouts)."""
+        return self._arrive_as_planned(entry, entry.followable, closed_jaxpr, in_shardings)
 
     def _for_arrival(self, entry: Entry, closed_jaxpr, in_shardings):
         """``entry``'s computation for arguments with these shardings: itself when every argument
@@ -188,10 +193,7 @@ class LoweringHook:
         Python-dispatched copy, which reshards them on entry at every call (a jitted init's
         outputs entering the train step; an argument planned elsewhere than an earlier plan
         left it)."""
-        avals = closed_jaxpr.in_avals
-        if all(_compat.is_unspecified(in_shardings[i]) or
-               in_shardings[i].is_equivalent_to(entry.in_shardings[i], len(avals[i].shape))
-               for i in entry.kept):
+        if self._arrive_as_planned(entry, entry.kept, closed_jaxpr, in_shardings):
             return entry.computation
         if entry.resharding is None:
             log.debug("alpa_pass: %s is called with arguments in other layouts of ours than its plan's; "
