@@ -23,7 +23,9 @@ def test_gpt_ilp_on_2x2x2_is_small():
     """Every spec gave 823,627 columns (64 specs per rank-3 tensor, 124 per attention dot) whose
     root LP did not finish in 60 s; two-block specs give 156,643, of which HiGHS solves the exact
     reduction's 108,891 (ties substituted, chains eliminated, equal cost rows merged). 2x4 is not
-    pruned: 50,481."""
+    pruned: 50,481. With the vocab-split lookup and embedding gradient (gather.cc, scatter.cc):
+    164,136 columns, 107,673 solved; the largest group is the embedding gradient's scatter, 4^3 = 64
+    per-axis choices and 27 with the vocabulary split on one axis and the others all used."""
     step_fn, state, (batch,) = _gpt_setup()
     graph = extract_graph(lower(step_fn, (state, batch)).compiler_ir("stablehlo"))
     sizes = {}
@@ -34,7 +36,7 @@ def test_gpt_ilp_on_2x2x2_is_small():
         if shape == (2, 2, 2):  # what HiGHS solves: the exact reduction (solve.eliminate)
             reduced = eliminate.reduce(prob.ilp).model
             sizes["solved"] = (reduced.num_cols, reduced.num_rows)
-    assert sizes[(2, 2, 2)][0] < 170_000 and sizes[(2, 2, 2)][1] <= 64
+    assert sizes[(2, 2, 2)][0] < 170_000 and sizes[(2, 2, 2)][1] <= 64 + 27
     assert sizes["solved"][0] < 112_000 and sizes["solved"][1] < 8_400  # 108,891 x 8,085
     assert sizes[(2, 4)][1] <= 24  # 2-D meshes keep every spec: (rank + 1)^2 at most, dots 24
 

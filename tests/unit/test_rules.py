@@ -388,18 +388,37 @@ def embedding_lookup(slice_h=32):
 
 def test_gather_embedding_lookup():
     b, g = embedding_lookup()
-    t = by_out(strategies(b, g, MESH14))
+    ns = strategies(b, g, MESH14)
+    vocab = [s for s in ns.strategies if s.name.endswith("vocab-split")]
+    t = {tuple(s.out): s for s in ns.strategies if s not in vocab}
+    assert len(t) + len(vocab) == len(ns.strategies)
     assert set(t) == {(-1, -1), (-1, 0), (-1, 1), (-1, 2)}
     assert t[(-1, 0)].ins == [R, [-1, 0]]    # split B through the ids
     assert t[(-1, 1)].ins == [R, [-1, 1]]    # split S through the ids
     assert t[(-1, 2)].ins == [[-1, 1], R]    # split H through the table
-    assert len(strategies(b, g, MESH24).strategies) == len(_core.enumerate_specs([8, 16, 32],
-                                                                                 MESH24))
+    # vocab-parallel: the table split on V (the dim indexed with slice size 1), ids and result
+    # whole on the axis; each device's partial rows all-reduced
+    (v,) = vocab
+    assert v.out == R and v.ins == [[-1, 0], R] and t[(-1, -1)].comm == 0
+    assert v.comm == pytest.approx(MESH14.all_reduce(8 * 16 * 32 * F32, 1))
+    # on 2x4 every result spec, plus a vocab split on each axis the result leaves whole
+    specs = _core.enumerate_specs([8, 16, 32], MESH24)
+    plain = [s for s in strategies(b, g, MESH24).strategies if not s.name.endswith("vocab-split")]
+    assert len(plain) == len(specs)
+    # ... and a vocab split on one axis only where the other splits the result (Megatron's data x
+    # tensor layout; a lookup replicated over the other axis is dominated): 3 dims x 2 axes
+    vocab = {(tuple(s.out), tuple(s.ins[0])) for s in strategies(b, g, MESH24).strategies
+             if s.name.endswith("vocab-split")}
+    # (spec: the dim each mesh axis splits; the table [V, H] splits H with the result's H)
+    assert vocab == {((-1, 0), (0, -1)), ((-1, 1), (0, -1)), ((-1, 2), (0, 1)),
+                     ((0, -1), (-1, 0)), ((1, -1), (-1, 0)), ((2, -1), (1, 0))}
 
 
 def test_gather_partial_slices_cannot_split_offset_dims():
     b, g = embedding_lookup(slice_h=16)
-    assert set(by_out(strategies(b, g, MESH14))) == {(-1, -1), (-1, 0), (-1, 1)}
+    ns = strategies(b, g, MESH14).strategies
+    assert {tuple(t.out) for t in ns if not t.name.endswith("vocab-split")} == {(-1, -1), (-1, 0), (-1, 1)}
+    assert [t.name for t in ns if t.name.endswith("vocab-split")] == ["gather RRR vocab-split"]
 
 
 def embedding_grad():
@@ -416,9 +435,16 @@ def embedding_grad():
 def test_scatter_embedding_gradient():
     b, s = embedding_grad()
     names = {t.name: t for t in strategies(b, s, MESH14).strategies}
-    assert set(names) == {"scatter R", "scatter win1@y", "scatter upd0@y", "scatter upd1@y"}
+    assert set(names) == {"scatter R", "scatter win1@y", "scatter upd0@y", "scatter upd1@y", "scatter idx0@y"}
+    v = names["scatter idx0@y"]  # the table split on V: each device adds the rows it holds
+    assert v.out == [-1, 0] and v.ins == [[-1, 0], R, R] and v.comm == 0
     h = names["scatter win1@y"]
     assert h.out == [-1, 1] and h.ins == [[-1, 1], [-1, -1], [-1, 2]] and h.comm == 0
+    # on 2x4 the vocabulary splits over one axis, the other axis splitting something: 4^2 + 6
+    on24 = [t.name for t in strategies(b, s, MESH24).strategies]
+    assert len(on24) == 16 + 6 and sorted(n for n in on24 if "idx" in n) == sorted(
+        [f"scatter idx0@x {o}@y" for o in ("win1", "upd0", "upd1")] +
+        [f"scatter {o}@x idx0@y" for o in ("win1", "upd0", "upd1")])
     bsplit = names["scatter upd0@y"]
     assert bsplit.out == R and bsplit.ins == [R, [-1, 0], [-1, 0]]
     assert bsplit.comm == pytest.approx(MESH14.all_reduce(64 * 32 * F32, 1))
@@ -438,7 +464,11 @@ def test_scatter_splits_batching_dims_without_communication():
     attrs = [3, 0, 1, 2, 1, 2, 2, 0, 1, 2, 0, 1]
     s = b.add(OpKind.SCATTER, [8, 16, 32], F32, [zeros, ids, upd], attrs)
     names = {t.name: t for t in strategies(b, s, MESH14).strategies}
-    assert set(names) == {"scatter R", "scatter bat0@y", "scatter bat1@y"}  # dim 2 (size 1) cannot split
+    # (the update's dim 2 has size 1: no update split; V, indexed and inserted, splits the result's
+    # vocabulary, each device adding the updates that fall in its columns)
+    assert set(names) == {"scatter R", "scatter bat0@y", "scatter bat1@y", "scatter idx2@y"}
+    v = names["scatter idx2@y"]
+    assert v.out == [-1, 2] and v.ins == [[-1, 2], R, R] and v.comm == 0
     for dim in (0, 1):
         t = names[f"scatter bat{dim}@y"]
         split = [-1, dim]

@@ -67,6 +67,10 @@ struct NodeStrategies {
   // If >= 0: this node follows operand node `follow`: list[k] corresponds 1:1 to the leader's
   // strategy k (same length, derived from it), and the node is merged into the leader's ILP group.
   int64_t follow = -1;
+  // How many of `list` count when a follower picks its leader (elementwise.cc: the operand with
+  // the most strategies); < 0: all. The gather's vocab-split variants repeat a result spec of
+  // another strategy with the table split instead: they add no choice of result layout.
+  int64_t leader_weight = -1;
 };
 
 // Context given to each rule. `done[u]` holds the strategies of every node u < v already built,

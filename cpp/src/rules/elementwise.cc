@@ -22,9 +22,17 @@ bool parameter_rooted(const RuleContext& ctx, int64_t u) {
   return ctx.graph.op_kind(u) == OpKind::kParameter;
 }
 
+// The strategies of u (of the leader of u's merged group: a follower copies its list 1:1) that
+// count for following it: NodeStrategies::leader_weight.
+int64_t leader_weight(const RuleContext& ctx, int64_t u) {
+  while (ctx.done[u].follow >= 0) u = ctx.done[u].follow;
+  const NodeStrategies& ns = ctx.done[u];
+  return ns.leader_weight >= 0 ? ns.leader_weight : static_cast<int64_t>(ns.list.size());
+}
+
 // The operand to follow, or -1. Candidates have the result's exact shape and more than one
-// strategy; preferred in order: not a BROADCAST, not a PARAMETER, most strategies; among equals,
-// one whose group is not rooted at a parameter, then the LAST operand.
+// strategy; preferred in order: not a BROADCAST, not a PARAMETER, most strategies (leader_weight);
+// among equals, one whose group is not rooted at a parameter, then the LAST operand.
 //
 // The tie-break decides whole chains, so it is measured, not cosmetic (merged optima, unit costs):
 // - a residual add `x + proj(h)` follows the branch just computed, not the stream: with the first
@@ -48,7 +56,7 @@ int64_t pick_leader(const RuleContext& ctx, int64_t v) {
     if (single_strategy(ctx, u)) continue;
     const std::tuple<bool, bool, int64_t> key{g.op_kind(u) == OpKind::kBroadcast,
                                               g.op_kind(u) == OpKind::kParameter,
-                                              -static_cast<int64_t>(ctx.done[u].list.size())};
+                                              -leader_weight(ctx, u)};
     if (best < 0 || key < best_key ||
         (key == best_key && parameter_rooted(ctx, u) <= parameter_rooted(ctx, best))) {
       best = u;

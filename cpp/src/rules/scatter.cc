@@ -7,6 +7,8 @@
 //      all-reduced over the axis;
 //  (c) split a batching dim (input_batching_dims[i] with scatter_indices_batching_dims[i] and its
 //      update scatter dim): input, indices, update and result split alike, no communication;
+//  (d) split an indexed input dim the update inserts: input and result split, no communication
+//      (on one axis, the others all splitting something: vocab_split_as_megatron);
 //  or nothing. The embedding gradient (scatter-add of [B,S,H] into [V,H]) thus gets "split H"
 //  and "split B + all-reduce"; the gradient of take_along_axis over the vocabulary (scatter of
 //  [B,S,1] into [B,S,V] with B and S batching dims) gets B and S split like the logits (before
@@ -23,6 +25,7 @@ struct ScatterOption {
   int32_t input_dim = -1, update_dim = -1, indices_dim = -1;
   bool partial = false;
   std::string label;
+  bool indexed = false;  // option (d)
 };
 
 std::vector<ScatterOption> scatter_options(const Graph& g, int64_t v) {
@@ -41,6 +44,14 @@ std::vector<ScatterOption> scatter_options(const Graph& g, int64_t v) {
     if (index_of(indexed, d) < 0 && checked_dim(update, ud, "scatter update window") == input[d]) {
       options.push_back({static_cast<int32_t>(d), static_cast<int32_t>(ud), -1, false,
                          "win" + std::to_string(d)});
+    }
+  }
+  // (d) an indexed input dim the update inserts (one index each: the embedding gradient's vocab
+  //     dim): input and result split on it, indices and update whole; each device adds the
+  //     updates whose index falls in its rows (the partitioner masks the others), no communication.
+  for (int64_t d : indexed) {
+    if (index_of(inserted, d) >= 0 && index_of(input_batching, d) < 0 && input[d] > 1) {
+      options.push_back({static_cast<int32_t>(d), -1, -1, false, "idx" + std::to_string(d), true});
     }
   }
   int64_t id = 0;  // indices dims other than index_vector_dim, in order
@@ -94,6 +105,21 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<ScatterOption>& 
   return true;
 }
 
+// Option (d) on one axis only, with every other axis splitting something (as the vocab-split
+// lookup in gather.cc): (d) on any subset of axes would grow a 3-D mesh's embedding gradient from
+// 64 to 125 strategies.
+bool vocab_split_as_megatron(const std::vector<ScatterOption>& options, const std::vector<size_t>& choice) {
+  size_t indexed = 0, none = 0;
+  for (size_t c : choice) {
+    if (c == 0) {
+      ++none;
+    } else if (options[c - 1].indexed) {
+      ++indexed;
+    }
+  }
+  return indexed == 0 || (indexed == 1 && none == 0);
+}
+
 NodeStrategies scatter_rule(const RuleContext& ctx, int64_t v) {
   const std::vector<ScatterOption> options = scatter_options(ctx.graph, v);
   const std::vector<int> axes = split_axes(ctx.mesh);
@@ -101,7 +127,9 @@ NodeStrategies scatter_rule(const RuleContext& ctx, int64_t v) {
   NodeStrategies ns;
   do {
     Strategy s;
-    if (build(ctx, v, options, axes, choice, s)) ns.list.push_back(std::move(s));
+    if (vocab_split_as_megatron(options, choice) && build(ctx, v, options, axes, choice, s)) {
+      ns.list.push_back(std::move(s));
+    }
   } while (next_choice(choice, options.size() + 1));
   return ns;
 }
