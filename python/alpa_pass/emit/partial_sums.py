@@ -10,7 +10,8 @@ batching dims: an embedding gradient) qualifies when every mesh axis ``k`` of si
   partial sums over ``k``; or
 * is a *compute* axis: the operand dims it splits all land on one result dim ``r``, split on
   every operand that has such a dim (a dot's batch dim: both; a free or kept dim: the one operand
-  with it; a scatter's window dim that spans its input dim: the input and the updates), and the
+  with it; a scatter's window dim that spans its input dim: the input and the updates; an indexed
+  dim the update inserts: the input alone, the indices shifted to the device's rows), and the
   result is split on ``r`` over ``k`` too — the op runs locally on its shards along ``k``;
 
 at least one axis is a partial-sum axis, and the result reaches an output of the step through
@@ -188,12 +189,16 @@ def _dim_maps(graph: OpGraph, v: int) -> list[list] | None:
 def _scatter_maps(graph: OpGraph, v: int, a: _core.ScatterAttrs) -> list[list] | None:
     """Dim maps of a scatter ``[input, indices, updates]`` without batching dims: the i-th
     scattered dim of the updates and the i-th non-index-vector dim of the indices are summed over
-    (``("contracted", i)``); an update window dim is local when it spans its input dim whole."""
+    (``("contracted", i)``); an update window dim is local when it spans its input dim whole. An
+    indexed input dim (in ``scatter_dims_to_operand_dims``) is local only when the update inserts
+    it (one row per index: the vocab-split embedding gradient), and then only with the indices
+    shifted to the device's rows (``reduce_scatter`` does); one with a window is not."""
     ivd, window, inserted = a.index_vector_dim, a.update_window_dims, a.inserted_window_dims
     if a.input_batching_dims:
         return None
     inp, idx, upd = (graph.shape(u) for u in graph.operands(v))
-    input_map = [("result", i) for i in range(len(inp))]
+    windowed = set(a.scatter_dims_to_operand_dims) - set(inserted)
+    input_map = [None if i in windowed else ("result", i) for i in range(len(inp))]
     window_inputs = [i for i in range(len(inp)) if i not in inserted]
     update_map: list = [None] * len(upd)
     for j, d in enumerate(window):

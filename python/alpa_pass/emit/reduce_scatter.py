@@ -133,7 +133,10 @@ def _rewrite(op, found: PartialSum, mesh: LogicalMesh, handle: int, mesh_name: s
     local = [_local_type(x.type, dims, mesh) for dims, x in zip(found.operand_dims, op.operands)]
     block = manual.regions[0].blocks.append(*local)
     with ir.InsertionPoint(block):
-        partial = _local_op(op, _local_type(out_t, found.local_dims, mesh), list(block.arguments))
+        operands = list(block.arguments)
+        if op.name == "stablehlo.scatter":
+            operands[1] = _indices_to_local_rows(op, operands[1], found.operand_dims[0], mesh)
+        partial = _local_op(op, _local_type(out_t, found.local_dims, mesh), operands)
         scattered = _reduce_scatter(partial.results[0], found.dim, n, _groups(mesh, found.axes), handle)
         ir.Operation.create("sdy.return", operands=[scattered])
     result = op.results[0]
@@ -157,6 +160,68 @@ def _local_op(op, out_t, operands):
     if sums:
         _add_body(local.regions[0], out_t.element_type)
     return local
+
+
+def _indices_to_local_rows(op, indices, input_dims, mesh: LogicalMesh):
+    """``indices`` of the scatter ``op``, less the first global row of this device's shard on each
+    indexed input dim that ``input_dims`` splits (one the update inserts: ``partial_sums``): the
+    local scatter then adds the rows this device holds, and skips the others as out of bounds (XLA
+    drops an update whose index is out of range). The device's shard index along the splitting
+    axes comes from its partition id (a mesh position: the groups of :func:`_groups` assume it too).
+    Returns ``indices`` itself when no indexed dim is split."""
+    numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    indexed = list(numbers.scattered_dims_to_operand_dims)
+    idx_t = ir.RankedTensorType(indices.type)
+    ivd = numbers.index_vector_dim
+    shift = None
+    for k, d in enumerate(indexed):
+        if not input_dims[d]:
+            continue
+        rows = ir.RankedTensorType(op.operands[0].type).shape[d] // \
+            math.prod(mesh.shape[mesh.axis_names.index(a)] for a in input_dims[d])
+        first = _mul(_shard_index(input_dims[d], mesh, idx_t.element_type), rows, idx_t.element_type)
+        if ivd < idx_t.rank:  # only component k of the index vectors
+            one_hot = np.zeros(idx_t.shape[ivd], dtype=np.int64)
+            one_hot[k] = 1
+            mask = stablehlo.constant(ir.DenseElementsAttr.get(
+                one_hot.astype(_NP_INT[str(idx_t.element_type)]),
+                type=ir.RankedTensorType.get([len(one_hot)], idx_t.element_type)))
+            part = stablehlo.multiply(stablehlo.broadcast_in_dim(idx_t, first, []),
+                                      stablehlo.broadcast_in_dim(idx_t, mask, [ivd]))
+        else:
+            part = stablehlo.broadcast_in_dim(idx_t, first, [])
+        shift = part if shift is None else stablehlo.add(shift, part)
+    return indices if shift is None else stablehlo.subtract(indices, shift)
+
+
+_NP_INT = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+           "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64}
+
+
+def _shard_index(axes, mesh: LogicalMesh, element_type):
+    """This device's shard index (a 0-d tensor of ``element_type``) along the mesh ``axes``, major
+    to minor, from its partition id (row-major mesh position)."""
+    pid = stablehlo.convert(ir.RankedTensorType.get([], element_type), stablehlo.partition_id())
+    index = None
+    for name in axes:
+        a = mesh.axis_names.index(name)
+        stride = math.prod(mesh.shape[a + 1:])
+        coord = stablehlo.remainder(_div(pid, stride, element_type), _const(mesh.shape[a], element_type))
+        index = coord if index is None else stablehlo.add(_mul(index, mesh.shape[a], element_type), coord)
+    return index
+
+
+def _const(value: int, element_type):
+    t = ir.RankedTensorType.get([], element_type)
+    return stablehlo.constant(ir.DenseElementsAttr.get(np.array(value, dtype=_NP_INT[str(element_type)]), type=t))
+
+
+def _mul(x, k: int, element_type):
+    return stablehlo.multiply(x, _const(k, element_type))
+
+
+def _div(x, k: int, element_type):
+    return stablehlo.divide(x, _const(k, element_type))
 
 
 def _add_body(region, element_type):
