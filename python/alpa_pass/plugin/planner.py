@@ -69,7 +69,7 @@ class PluginPlanner:
         in_avals = [closed_jaxpr.in_avals[i] for i in kept]
         returned = _node_ties(graph, in_avals, closed_jaxpr.out_avals)
         ties = returned if option.tie_outputs_to_inputs else []
-        pins, follow, positions = [], [], []
+        pins, follow, positions, order = [], [], [], ()
         if not isinstance(meshes, LogicalMesh):  # ALPA_PASS_MESH=auto: the mesh followed arguments lie on
             meshes = arrival_mesh(meshes, [args[3][i] for i, _ in followable(graph, kept, returned)]) or meshes
         if isinstance(meshes, LogicalMesh):
@@ -77,12 +77,13 @@ class PluginPlanner:
             positions = followable(graph, kept, returned, {int(v) for v, _ in pins})
             follow = arrival_pins(positions, args[3], meshes)
             if follow:
+                order = arrival_axis_order([args[3][i] for i, _ in positions], meshes)
                 log.info("alpa_pass: %s reads %d argument(s) where an earlier plan's outputs lie (it returns no "
                          "new value of them): their layouts are kept", name, len(follow))
                 follow = with_unit_dim_views(graph, follow)
         request = PlanRequest.create(graph, module.operation.get_asm(enable_debug_info=False), in_avals, meshes,
                                      option, out_avals=closed_jaxpr.out_avals, ties=ties, pins=pins + follow,
-                                     name=name, timings=timings)
+                                     name=name, timings=timings, axis_order=order)
         plan = plan_request(request)
         timings = plan.timings
         t = time.perf_counter()
@@ -150,6 +151,30 @@ def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, lis
     where = _where(mesh.jax_mesh())
     return [(v, core_spec(in_shardings[i], mesh)) for i, v in follow
             if isinstance(in_shardings[i], NamedSharding) and _where(in_shardings[i].mesh) == where]
+
+
+def arrival_axis_order(shardings, mesh: LogicalMesh) -> tuple:
+    """The mesh axis names, most major first, in the order the arriving ``shardings`` list the
+    axes of a dim split over several (the earlier plan's ``Plan.axis_order``), the others in mesh
+    order; () when none splits a dim over several axes, or they disagree. A core spec says which
+    axes split a dim, not in which order: without this a followed ``P(('y', 'z'))`` could be read
+    as ``P(('z', 'y'))``, a reshard of every parameter at every call."""
+    names = list(mesh.axis_names)
+    before = set()
+    for s in shardings:
+        for entry in (s.spec if isinstance(s, NamedSharding) else ()):
+            if isinstance(entry, tuple):
+                before |= {(a, b) for i, a in enumerate(entry) for b in entry[i + 1:]}
+    if not before:
+        return ()
+    order, left = [], names
+    while left:
+        first = [a for a in left if not any((b, a) in before for b in left)]
+        if not first:
+            return ()
+        order.append(first[0])
+        left = [a for a in left if a != first[0]]
+    return tuple(order)
 
 
 def _entry_shardings(plan, kept, num_inputs):
