@@ -258,6 +258,23 @@ def test_library_training_loops_plan_the_step(script):
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
 
 
+@pytest.mark.slow
+def test_a_flax_language_model_gets_megatrons_vocab_parallel_embedding(tmp_path):
+    """tests/scripts/train_flax_lm.py (``nn.Embed`` with the tied head ``Embed.attend``, vocab 8192,
+    hidden 64) on 2x4: the lookup reads the table split on its vocabulary (each device its rows, the
+    partial rows all-reduced: gather.cc's vocab split), the table stays split on V, same losses."""
+    plain, _, _ = _run("train_flax_lm.py")
+    out, run, stderr = _run("train_flax_lm.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH="2x4",
+                            ALPA_PASS_REPORT=str(tmp_path), ALPA_PASS_LOG="info")
+    assert "planned train_step on mesh 2x4" in stderr and run["plugin"]["failed"] == 0
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert len(out["losses"]) == 4 and out["embedding"]["devices"] == 8
+    assert out["embedding"]["spec"].startswith("P('x'"), out["embedding"]  # V split over x
+    (summary,) = tmp_path.glob("*_train_step.txt")
+    assert "vocab-split" in summary.read_text()
+
+
 def test_eval_step_keeps_the_train_layouts_and_a_restart_from_the_init_reshards(tmp_path):
     """flax's loop around a train step (tests/scripts/train_eval_restart.py): a jitted init, a
     jitted ``eval_step(state, ...)`` before training and every 2 steps, and a second run from the
