@@ -53,7 +53,7 @@ def test_residual_adds_follow_their_branch_not_the_looked_up_stream():
     """The vocab-split variants repeat the lookup's result specs (``leader_weight``): counted, they
     made the embedding's residual stream the leader of every residual add, one layout for all
     layers' streams (test_exact_copies' GPT on 2x4: merged optimum 1.9% above the plan without
-    the new strategies, 3.7% above it with them and leader_weight)."""
+    the new strategies, 3.7% below it with them and leader_weight)."""
     from alpa_pass import _core
     from alpa_pass.driver.planning import core_graph
     from alpa_pass.extract.graph import OpKind

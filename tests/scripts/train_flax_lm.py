@@ -5,7 +5,7 @@ Prints one JSON line: the losses and the embedding table's sharding (devices, sp
 import json
 
 import flax.linen as nn
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax, numpy as np, optax
 from flax.training import train_state
 
 VOCAB, HIDDEN, SEQ, BATCH, STEPS = 8192, 64, 32, 16, 4
