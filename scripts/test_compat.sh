@@ -21,5 +21,5 @@ python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q -e '.[test]' 'jax>=0.11,<0.13' 'jaxlib>=0.11,<0.13'
 python -c 'import jax; print("test_compat: jax", jax.__version__)'
 python -m pytest -q -p no:cacheprovider -n "${ALPA_PASS_TEST_WORKERS:-2}" --dist loadfile tests/unit tests/property tests/integration/test_numerics.py tests/integration/test_plugin.py \
-  tests/integration/test_pipeshard_apply.py \
+  tests/integration/test_pipeshard_apply.py tests/integration/test_plan_fidelity.py \
   tests/integration/test_pipeshard_scan.py::test_split_scan_computes_the_same_values_and_gradients "$@"

@@ -18,7 +18,10 @@ BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch
 # Measured after the fix (before: test GPT 2x4 had 1 rematerialisation warning; the benchmark
 # GPT small on 2x4 had 1 warning and 10 collective-permutes, 4.16 MiB/device on the wire, now 3.27).
 # The last field: whether some compiled collective comes from an inserted use-site constraint (a
-# planned resharding at a dot / gather / scatter operand). Since residual adds follow the branch
+# planned resharding at a dot / gather / scatter operand). Which op a collective is named after
+# depends on jax: the same 1x8 all-gathers carry the loss's jvp op names on jax 0.10.2 and their
+# value constraints' names on 0.12 (on 2x4, 6 all-gathers move from use-site to op names), so only
+# use-site attribution is pinned; the compiled collectives themselves are the same on both. Since residual adds follow the branch
 # they add (``pick_leader``), the 2x4 plans compile to more, smaller collectives (gpt-2x4: 35, was
 # 17; wire bytes per device 152647, was 152262; bench-small 3433223, was 3604486), and the 1x8
 # plan to data parallelism's gradient all-reduce plus 3 small all-gathers, none from a constraint.
@@ -67,7 +70,7 @@ def test_compiled_collectives_match_plan(config, shape, at_most, attributed):
         if c.from_constraint:
             assert 0 <= c.node < len(plan.node_specs)
             assert c.operand is None or c.operand < len(plan.operand_specs[c.node])
-    assert any(c.from_constraint for c in found) == attributed
+    assert any(c.operand is not None for c in found) == attributed
 
 
 def test_slice_first_stages_slice_before_gather():
