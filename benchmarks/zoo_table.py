@@ -18,6 +18,7 @@ SCRIPTS = ROOT / "tests" / "scripts"
 ZOO = {
     "flax linen, TrainState, jitted init (lm1b style)": "train_linen_jit_init.py",
     "flax linen, TrainState": "train_flax.py",
+    "flax linen LM (`nn.Embed` + tied `Embed.attend`, `SelfAttention`, adamw; `ALPA_PASS_MESH=2x4`)": "train_flax_lm.py",
     "flax NNX (nnx.jit, Optimizer, Rngs, Dropout, BatchNorm)": "train_nnx.py",
     "Equinox (filter_jit, typed keys, Dropout)": "train_equinox.py",
     "flax NNX scan over layers (nnx.vmap stack, nnx.scan, nnx.remat)": "train_nnx_scan.py",
@@ -30,6 +31,7 @@ ZOO = {
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
 }
+ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (the vocab-parallel plan is chosen on 2x4)
 
 
 def losses(out: dict) -> list[float]:
@@ -43,7 +45,7 @@ def run(script: str, plugin: bool) -> tuple[dict, dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS"))}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     if plugin:
-        env["JAX_PLUGINS"] = "alpa_pass"
+        env.update(JAX_PLUGINS="alpa_pass", **ENV.get(script, {}))
     proc = subprocess.run([sys.executable, str(SCRIPTS / "run_script.py"), str(SCRIPTS / script)],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     if proc.returncode:

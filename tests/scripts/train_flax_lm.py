@@ -1,7 +1,8 @@
 """A flax linen language model written with flax's own layers (run it unchanged): ``nn.Embed`` with
 its tied output head ``Embed.attend``, pre-LayerNorm blocks of ``nn.SelfAttention`` and ``nn.Dense``,
 a jitted init, ``TrainState`` with ``optax.adamw`` and ``softmax_cross_entropy_with_integer_labels``.
-Prints one JSON line: the losses and the embedding table's sharding (devices, spec)."""
+Prints one JSON line: the losses, each parameter's device count and the embedding table's sharding
+(devices, spec)."""
 import json
 
 import flax.linen as nn
@@ -47,8 +48,11 @@ def main():
         state, loss = train_step(state, tokens)
         losses.append(float(loss))
     table = state.params["Embed_0"]["embedding"]
-    print(json.dumps({"losses": losses, "embedding": {"devices": len(table.sharding.device_set),
-                                                      "spec": str(getattr(table.sharding, "spec", None))}}))
+    params = [{"path": jax.tree_util.keystr(path), "devices": len(leaf.sharding.device_set)}
+              for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)]
+    print(json.dumps({"losses": losses, "params": params,
+                      "embedding": {"devices": len(table.sharding.device_set),
+                                    "spec": str(getattr(table.sharding, "spec", None))}}))
 
 
 if __name__ == "__main__":
