@@ -35,8 +35,9 @@ log = logging.getLogger("alpa_pass")
 # mostly stay merged-only: their merged plan breaks the unmerged ties and the untied ILP has
 # millions of columns. GPT-175B on 16x16 does not (s30): its tied unmerged ILP has 158,540 columns
 # (82,020 after the exact reduction); refined in 101-106 s of a 140 s wall (35 s merged-only), 7.1%
-# cheaper, nearly all of it HiGHS's root cut rounds (its root LP: 18 s beside another job). The LP-support path
-# (``solve.support.support_plan`` from the merged plan) found the same plan in 235 s: not used.
+# cheaper, nearly all of it HiGHS's root cut rounds (its root LP: 18 s beside another job). The
+# LP-support path (``solve.support.support_plan`` from the merged plan) found the same plan in
+# 235 s: not used.
 REFINE_MAX_COLUMNS = 200_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
 # not by time, so that its result is the same on every machine and under any load (every process
