@@ -21,10 +21,11 @@ BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch
 # planned resharding at a dot / gather / scatter operand). Which op a collective is named after
 # depends on jax: the same 1x8 all-gathers carry the loss's jvp op names on jax 0.10.2 and their
 # value constraints' names on 0.12 (on 2x4, 6 all-gathers move from use-site to op names), so only
-# use-site attribution is pinned; the compiled collectives themselves are the same on both. Since residual adds follow the branch
-# they add (``pick_leader``), the 2x4 plans compile to more, smaller collectives (gpt-2x4: 35, was
-# 17; wire bytes per device 152647, was 152262; bench-small 3433223, was 3604486), and the 1x8
-# plan to data parallelism's gradient all-reduce plus 3 small all-gathers, none from a constraint.
+# use-site attribution is pinned; the compiled collectives themselves are the same on both. Since
+# residual adds follow the branch they add (``pick_leader``), the 2x4 plans compile to more, smaller
+# collectives (gpt-2x4: 35, was 17; wire bytes per device 152647, was 152262; bench-small 3433223,
+# was 3604486), and the 1x8 plan to data parallelism's gradient all-reduce plus 3 small
+# all-gathers, none from a use-site constraint.
 # With the vocab-parallel lookup and loss (the table and logits split on the vocabulary: all-reduces
 # of the lookup, the softmax's max and sum and the target logit), the 2x4 plans compile to 12
 # all-reduces, 12 all-gathers and 6 all-to-alls (were 9, 19, 7): result bytes per device gpt-2x4

@@ -270,6 +270,7 @@ def test_a_flax_language_model_gets_megatrons_vocab_parallel_embedding(tmp_path)
     for a, b in zip(out["losses"], plain["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert len(out["losses"]) == 4 and out["embedding"]["devices"] == 8
+    assert len(out["params"]) == 35 and all(p["devices"] == 8 for p in out["params"]), out["params"]
     assert out["embedding"]["spec"].startswith("P('x'"), out["embedding"]  # V split over x
     (summary,) = tmp_path.glob("*_train_step.txt")
     assert "vocab-split" in summary.read_text()
