@@ -10,7 +10,6 @@ import alpa_pass as ap
 from alpa_pass import _core
 from alpa_pass.driver import budget as budget_module
 from alpa_pass.driver import exact_copies, exact_fit
-from alpa_pass.driver.axis_roles import one_axis_neighbours
 from alpa_pass.driver.exact_copies import EXACT_STATUS, CopyColumns, exact_copy_solution, start_points
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.driver.memory_rows import memory_row_matrix, row_peaks, value_rows
@@ -281,8 +280,6 @@ def test_frontier_columns_keep_the_plan_the_least_memory_and_every_undominated_s
     assert keep[gs[:-1] - gs[0] + free].all()
     least = least_memory_columns(memory_row_matrix(problem), gs)[gs[0]:gs[-1]]
     assert keep[least].all()
-    neighbours = one_axis_neighbours(problem, free)
-    assert keep[neighbours].all() and neighbours.sum() > gs.size - 1  # (the plan's and some others)
     assert 0 < keep.sum() < keep.size  # (a restriction: some strategies are dominated)
     # every strategy left out is dominated, in each of the three costs, by a kept one with no more
     # bytes at the start points (ties: no more over every memory row): its own column cost, and the
@@ -309,11 +306,11 @@ def test_frontier_columns_keep_the_plan_the_least_memory_and_every_undominated_s
                                               for t in range(a, b)), (g, s)
     assert left_out == keep.size - keep.sum()
     # and no kept frontier strategy is dominated by a kept one with strictly fewer bytes in all three
-    # costs unless it is the free plan's, a least-memory one or a one-axis neighbour of the plan's
+    # costs unless it is the free plan's or a least-memory one
     for g in range(gs.size - 1):
         a, b = gs[g] - gs[0], gs[g + 1] - gs[0]
         for s in range(a, b):
-            if keep[s] and s != a + free[g] and not least[s] and not neighbours[s]:
+            if keep[s] and s != a + free[g] and not least[s]:
                 assert any(not any(keep[t] and t != s and memory[t] < memory[s] and cost[t] <= cost[s]
                                    for t in range(a, b)) for cost in costs), (g, s)
 
@@ -336,36 +333,3 @@ def test_the_first_budgeted_plan_is_the_frontier_plan_within_the_lp_bound(captur
     bound = lp_path["solution"].support.bound
     assert plan.objective >= bound * (1 - 1e-9)
     assert solution.objective == pytest.approx(float(_core.evaluate(problem.ilp, assignment).objective), rel=1e-12)
-
-
-def test_one_axis_neighbours_differ_from_the_plan_on_one_mesh_axis(frontier):
-    """Checked strategy by strategy: a group column is a neighbour iff its leader node's roles (the
-    dim each mesh axis splits in the result and in each operand) equal the plan's on all axes but
-    one. On a mesh with one used axis there are none (every strategy would be one)."""
-    seen, _ = frontier
-    problem, free = seen["problem"], seen["free"]
-    gs = np.asarray(problem.ilp.group_var_start)
-    node_group, offsets = np.asarray(problem.node_group), np.asarray(problem.strategy_offsets)
-    out, in_off, ins = np.asarray(problem.out_specs), np.asarray(problem.in_spec_offsets), np.asarray(problem.in_specs)
-    assert out.shape[1] == 2 and (out >= 0).any(axis=0).all()  # (MESH 2x4: both axes split something)
-
-    def roles(row):
-        return [(out[row, a], *ins[in_off[row]:in_off[row + 1], a]) for a in range(out.shape[1])]
-
-    got = one_axis_neighbours(problem, free)
-    counts = {0: 0, 1: 0, 2: 0}
-    for g in range(gs.size - 1):
-        leader = int(np.flatnonzero(node_group == g)[0])
-        plan = roles(offsets[leader] + free[g])
-        for s in range(gs[g + 1] - gs[g]):
-            differ = sum(x != y for x, y in zip(roles(offsets[leader] + s), plan))
-            counts[differ] += 1
-            assert got[gs[g] - gs[0] + s] == (differ <= 1), (g, s)
-    assert counts[0] >= gs.size - 1 and counts[1] > 0 and counts[2] > 0, counts
-
-    class OneAxis:  # the same problem with the second axis split nowhere
-        ilp, node_group, strategy_offsets, in_spec_offsets = (problem.ilp, problem.node_group,
-                                                              problem.strategy_offsets, problem.in_spec_offsets)
-        out_specs = np.where(np.arange(2) == 1, -1, out)
-        in_specs = np.where(np.arange(2) == 1, -1, ins)
-    assert not one_axis_neighbours(OneAxis, free).any()

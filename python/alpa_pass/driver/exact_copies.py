@@ -48,7 +48,6 @@ import numpy as np
 import scipy.sparse
 
 from alpa_pass import _core
-from alpa_pass.driver.axis_roles import one_axis_neighbours
 from alpa_pass.driver.memory_rows import memory_row_matrix, offsets_within, row_peaks, value_rows
 from alpa_pass.solve.highs import Solution
 from alpa_pass.solve.highs_io import _highs
@@ -238,9 +237,7 @@ def _fullest_rows(problem, assignment) -> np.ndarray:
 def frontier_columns(problem, assignment) -> np.ndarray:
     """A mask over ``problem.ilp``'s columns: every non-group column, the plan ``assignment`` (a
     strategy per group: the free plan), each group's least-memory strategies (over every memory
-    row), the strategies that differ from the plan's on one mesh axis only
-    (``axis_roles.one_axis_neighbours``: a budget's move of one axis across a layer), and each
-    group's frontier strategies: sorted by their bytes at ``start_points`` (where
+    row), and each group's frontier strategies: sorted by their bytes at ``start_points`` (where
     ``assignment`` peaks), each strategy cheaper than every one with fewer bytes, by three costs in
     turn: its own column cost, and the plan's objective with only this group changed, every other
     group at ``assignment`` or at its strategy with the fewest bytes there
@@ -252,7 +249,7 @@ def frontier_columns(problem, assignment) -> np.ndarray:
     strategies plans in seconds. s25 (2-core VM), objective against the LP-support path's:
     LLaMA-8B 8x8 at 30/33/35 GiB -3.7, +1.5, -5.5%; GPT 1.3B 2x4 at 12-16 GiB -3.2, -3.2, -4.9,
     -6.3, -4.1%; GPT-39B 8x8 at 80 GiB -0.7%; GPT-175B 16x16 at 80 GiB +10.6% (README "Frontier
-    plan"; s30, with the one-axis neighbours: -1.2%). Without the tie-break by bytes over every row, strategies that hold no bytes at the
+    plan"). Without the tie-break by bytes over every row, strategies that hold no bytes at the
     start points collapse to one: the GPT of test_memory_plans' promise test at 0.8 of its free
     peak cost +35% (-0.2% with it)."""
     ilp = problem.ilp
@@ -267,7 +264,6 @@ def frontier_columns(problem, assignment) -> np.ndarray:
     least_plan = np.asarray([int(np.argmin(fewest[a:b])) for a, b in zip(starts, gs[1:] - gs[0])], dtype=np.int64)
     keep = least_memory_columns(rows, gs)[gs[0]:gs[-1]]
     keep[starts + plan] = True
-    keep |= one_axis_neighbours(problem, plan)
     everywhere = np.asarray(rows.sum(axis=0)).ravel()[gs[0]:gs[-1]]  # (breaks ties in ``memory``)
     for cost in (np.asarray(ilp.col_cost, dtype=np.float64)[gs[0]:gs[-1]], _core.one_group_changed(ilp, plan),
                  _core.one_group_changed(ilp, least_plan)):
