@@ -11,7 +11,7 @@ from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
 ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
-USE_SITE_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.GATHER, OpKind.SCATTER)
+USE_SITE_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
 
 
 def constraint_targets(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all") -> dict:
@@ -36,11 +36,13 @@ def plan_axis_order(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all") 
 
 
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
-    """(node, operand index) -> dims, where an anchor op (dot, convolution, gather, scatter) reads
-    an operand in another layout than its producer's: pin the layout the plan reshards it to, so
-    XLA does exactly the planned resharding (and never partitions, e.g., a gather whose indices and
-    operand disagree on batching dims — XLA 0.10 computes that wrongly on CPU). Other nodes get
-    one only where their operand's resharding slices and gathers (``_slice_first_targets``)."""
+    """(node, operand index) -> dims, where an anchor op (dot, convolution, reduce, gather,
+    scatter) reads an operand in another layout than its producer's: pin the layout the plan
+    reshards it to, so XLA does exactly the planned resharding (and never partitions, e.g., a
+    gather whose indices and operand disagree on batching dims — XLA 0.10 computes that wrongly on
+    CPU; or reduces a whole operand the plan slices first, then all-reduces and slices the result).
+    Other nodes get one only where their operand's resharding slices and gathers
+    (``_slice_first_targets``)."""
     out = {}
     for v in range(graph.num_nodes):
         if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
