@@ -20,9 +20,9 @@ from alpa_pass.solve import highs, support
 from alpa_pass.solve.highs import SolveOptions, solve_ilp
 
 
-def _frustrated_ilp():
+def _frustrated_ilp(seed: int = 0):
     """A complete graph of 8 groups x 3 strategies, random costs: HiGHS cannot finish in one node."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     groups = [rng.uniform(0, 1, 3) for _ in range(8)]
     edges = [(u, v, rng.uniform(0, 10, (3, 3))) for u, v in itertools.combinations(range(8), 2)]
     return _core.build_ilp(groups, edges)
@@ -297,3 +297,33 @@ def test_a_restriction_starts_from_the_relaxations_lp_support():
     assert given.objective <= _core.evaluate(tight, worst).objective + 1e-9
     with pytest.raises(ValueError, match="support has 5 columns"):
         solve_ilp(tight, options, support=highs.Support(np.ones(5, dtype=bool), 0.0))
+
+
+def test_a_large_warm_started_solve_takes_the_lp_support_path():
+    """``SolveOptions.start_support_columns`` (the unmerged refinement's large ILPs): past it, a
+    solve with a ``start`` is the LP relaxation, then the MIP over the LP's support and the start's
+    strategies, warm-started: its plan is the best one there (brute force), never worse than the
+    start, with its gap to the LP bound; at or under it (or with ``support_gap=None``) the full MIP."""
+    ilp = _frustrated_ilp(seed=9)  # (seeds 0-8: the optimum is on the support)
+    start = np.zeros(8, dtype=np.int64)
+    lp = highs._highs(SolveOptions(), presolve=False)
+    lp.setOptionValue("solve_relaxation", True)
+    highs._pass_model(lp, ilp, highs.highspy)
+    lp.run()
+    x_lp, starts = np.asarray(lp.getSolution().col_value), np.asarray(ilp.group_var_start)
+    allowed = [{s for s in range(3) if x_lp[starts[g] + s] > 1e-6} | {0} for g in range(8)]
+    plans = [np.array(a) for a in itertools.product(range(3), repeat=8)]
+    on_support = min(_core.evaluate(ilp, a).objective for a in plans if all(a[g] in allowed[g] for g in range(8)))
+    best = min(_core.evaluate(ilp, a).objective for a in plans)
+    options = SolveOptions(support_gap=0.99, start_support_columns=0)
+    refined = solve_ilp(ilp, options, start=start)
+    assert refined.status == highs.SUPPORT_STATUS
+    assert refined.objective == pytest.approx(on_support, rel=1e-9)
+    assert refined.objective <= _core.evaluate(ilp, start).objective
+    bound = lp.getInfo().objective_function_value
+    assert refined.mip_gap == pytest.approx((refined.objective - bound) / refined.objective, rel=1e-6)
+    for full_options in (dataclasses.replace(options, start_support_columns=int(ilp.num_cols)),
+                         dataclasses.replace(options, support_gap=None)):
+        full = solve_ilp(ilp, dataclasses.replace(full_options, rel_gap=0.0), start=start)
+        assert full.status == "Optimal" and full.objective == pytest.approx(best, rel=1e-9)
+    assert on_support > best + 1e-9, "the case must tell the two paths apart"

@@ -60,7 +60,13 @@ class SolveOptions:
     support_draft (with support_gap: stop after the restricted MIP and return its plan whatever
     its gap: no RENS, no full MIP. For the intermediate plans of a budgeted solve whose reshard
     copies are still being counted (``driver.budget.fit_reshard_copies``): such a plan is replaced
-    by the next round's, so only the last one is finished to ``support_gap``)."""
+    by the next round's, so only the last one is finished to ``support_gap``),
+    start_support_columns (with support_gap and a ``start``: a model (after the exact reduction)
+    with more columns than this takes the LP-support path too, the start's strategies joining the
+    LP's support; ``None``: a start always goes to the full MIP. For the unmerged refinement
+    (``driver.refine``): GPT-175B 16x16's reduced ILP, 82,020 columns, spent 100-190 s in the full
+    MIP's root cut rounds for 1.4446e11 (scaled); its LP takes 8 s and the MIP over the LP's
+    support and the start 1.1 s, 1.4513e11 (+0.46%))."""
 
     time_limit_s: float | None = None
     rel_gap: float = 1e-4
@@ -76,6 +82,7 @@ class SolveOptions:
     feasibility_jump: bool = False
     support_gap: float | None = None
     support_draft: bool = False
+    start_support_columns: int | None = None
 
 
 @dataclasses.dataclass
@@ -135,9 +142,11 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
     t0 = time.perf_counter()
     if start is not None:
         _check_start(problem, start)
-        _set_start(h, model, start if reduced is None else reduced.start(start), highspy)
-    elif options.support_gap is not None and options.objective_bound is None and _has_one_sided_rows(model):
+    if options.support_gap is not None and options.objective_bound is None and (
+            _has_one_sided_rows(model) if start is None else
+            options.start_support_columns is not None and model.num_cols > options.start_support_columns):
         space = ColumnSpace(problem, reduced, model)
+        candidate = start if start is not None else candidate
         if candidate is not None:
             _check_start(problem, candidate)
         if support is not None and support.columns.size != space.gs[-1] - space.gs[0]:
@@ -155,6 +164,10 @@ def solve_ilp(problem, options: SolveOptions = SolveOptions(), start=None, drop_
             return out
         if found is not None:
             _set_start(h, model, groups_of(model, found[0]), highspy)
+        elif start is not None:
+            _set_start(h, model, space.start(start), highspy)
+    elif start is not None:
+        _set_start(h, model, start if reduced is None else reduced.start(start), highspy)
     _run(h, highspy)
     elapsed = time.perf_counter() - t0
     status = h.getModelStatus()
