@@ -39,8 +39,9 @@ log = logging.getLogger("alpa_pass")
 # refinement whose reduced ILP has more than REFINE_SUPPORT_COLUMNS columns takes the LP-support
 # path (``SolveOptions.start_support_columns``): the LP, then the MIP over the LP's support and the
 # merged plan's strategies, warm-started from it; on that 175B ILP 8 + 1.1 s instead of 100-190 s,
-# +0.46% on the full MIP's objective (offline, on the captured ILP; s30's 235 s for the LP-support
-# path went on to RENS under a tighter gap). The refinements of the test models stay far below it.
+# +0.46% on the full MIP's objective; 175B unbudgeted plans in 42.5 s wall (refinement 8.2 s). (s30
+# timed an LP-support run of 235 s, set up differently: not reproduced.) The refinements of the
+# test models stay far below 50k reduced columns.
 REFINE_MAX_COLUMNS = 200_000
 REFINE_SUPPORT_COLUMNS = 50_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
