@@ -278,3 +278,23 @@ def traced_jaxpr(traced):
     and input variables (the arguments; on jax >= 0.12 hoisted constants come first). jax 0.10
     holds a ``ClosedJaxpr`` there, jax 0.12 the ``Jaxpr`` itself."""
     return getattr(traced.jaxpr, "jaxpr", traced.jaxpr)
+
+
+def effect_kinds(closed_jaxpr) -> tuple[list, list]:
+    """(unordered debug effects, every other effect) of ``closed_jaxpr``.
+
+    ``jax.debug.print`` / ``jax.debug.callback`` (unordered) run their callback once per step on a
+    sharded ``jit`` too (jax lowers it with a maximal sharding on one device); every other effect
+    (ordered callbacks, ``io_callback``, state) keeps the step as the user wrote it."""
+    from jax._src import debugging
+
+    debug = [e for e in closed_jaxpr.effects if type(e) is debugging.DebugEffect]
+    return debug, [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
+
+
+def ordered_effects(closed_jaxpr) -> list:
+    """The effects of ``closed_jaxpr`` that jax orders with tokens (e.g. ``jax.debug.print(...,
+    ordered=True)``, ``io_callback(..., ordered=True)``): jax runs them on one device only."""
+    from jax._src import effects
+
+    return [e for e in closed_jaxpr.effects if effects.ordered_effects.contains(e)]

@@ -84,6 +84,12 @@ def _callback_step(w, x):
     return jnp.mean(jnp.tanh(x @ w) ** 2)
 
 
+def _qr_step(w, x):
+    """A LAPACK custom call (QR of the undifferentiated input), then a differentiable loss in ``w``."""
+    q = jnp.linalg.qr(x.T @ x)[0]
+    return jnp.mean(jnp.tanh(x @ q @ w) ** 2)
+
+
 def test_while_loop_is_planned_not_a_fallback():
     """A while_loop's ops are planned like top-level ops (no OPAQUE fallback), numerics equal."""
     w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
@@ -97,7 +103,35 @@ def test_while_loop_is_planned_not_a_fallback():
     np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("fn", [_callback_step], ids=["pure_callback"])
+def test_host_callbacks_are_planned_replicated_without_a_fallback(caplog):
+    """``pure_callback`` (and jax.debug.print / callback) run on the host where jax puts them: no
+    "no sharding rule" warning, no fallback, same numbers."""
+    w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
+    x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
+    grad_fn = jax.value_and_grad(_callback_step)
+    step = ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+        exe = step.get_executable(w, x)
+    assert exe.plan.fallbacks == {} and not [r for r in caplog.records if r.name.startswith("alpa_pass")]
+    loss, grad = step(w, x)
+    want_loss, want_grad = jax.jit(grad_fn)(w, x)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
+
+
+def test_ordered_effects_are_a_trace_error():
+    """jax runs ordered effects on one device only; the error says to make them unordered."""
+    def step(w, x):
+        loss = jnp.mean(jnp.tanh(x @ w) ** 2)
+        jax.debug.print("loss {}", loss, ordered=True)
+        return loss
+
+    f = ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+    with pytest.raises(errors.TraceError, match=r"ordered side effects .*ordered=False"):
+        f.get_executable(jnp.ones((32, 32)), jnp.ones((16, 32)))
+
+
+@pytest.mark.parametrize("fn", [_qr_step], ids=["lapack_qr"])
 def test_unknown_op_falls_back_once_and_stays_correct(fn, caplog):
     w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
     x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
@@ -106,6 +140,7 @@ def test_unknown_op_falls_back_once_and_stays_correct(fn, caplog):
     with caplog.at_level(logging.WARNING, logger="alpa_pass"):
         exe = step.get_executable(w, x)
     assert exe.plan.fallbacks, "an op the core does not know must be reported in plan.fallbacks"
+    assert all(op.startswith("stablehlo.custom_call @") for op in exe.plan.fallbacks), exe.plan.fallbacks  # named
     logged = [r for r in caplog.records if r.name.startswith("alpa_pass")]
     for op in exe.plan.fallbacks:
         mentions = [r for r in logged if op in r.getMessage()]

@@ -258,6 +258,23 @@ def test_library_training_loops_plan_the_step(script):
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
 
 
+def test_a_step_with_debug_prints_is_planned_and_prints_once_per_step():
+    """``jax.debug.print`` and ``jax.debug.callback`` inside the step (unordered effects) no longer
+    make the plugin pass the step by: it is planned, each callback runs once per step and sees the
+    loss the step returns, same losses as without the plugin, parameters over all 8 devices."""
+    plain, _, _ = _run("train_debug_print.py")
+    out, run, stderr = _run("train_debug_print.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert "planned train_step on mesh 1x8" in stderr and run["plugin"]["failed"] == 0
+    assert run["compiles"]["train_step"] == 1
+    assert [s[0] for s in out["seen"]] == [0, 1, 2, 3], out["seen"]  # once per step, in order
+    for (_, seen_loss, seen_norm), loss, (_, _, plain_norm) in zip(out["seen"], out["losses"], plain["seen"]):
+        assert seen_loss == loss and seen_norm == pytest.approx(plain_norm, rel=1e-5)
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert all(p["devices"] == 8 for p in out["params"])
+    assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
+
+
 @pytest.mark.slow
 def test_a_flax_language_model_gets_megatrons_vocab_parallel_embedding(tmp_path):
     """tests/scripts/train_flax_lm.py (``nn.Embed`` with the tied head ``Embed.attend``, vocab 8192,

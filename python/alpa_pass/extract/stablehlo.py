@@ -138,6 +138,15 @@ def _int_constant(value) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# jax.debug.print / debug.callback / pure_callback / io_callback targets (cpu and gpu, ffi or not)
+_HOST_CALLBACK = re.compile(r"python_(cpu|gpu)_callback")
+
+
+def _call_target(op) -> str:
+    attr = op.attributes["call_target_name"] if "call_target_name" in op.attributes else None
+    return ir.StringAttr(attr).value if attr is not None else "?"
+
+
 class _Walker:
     """Builds the graph for one extraction; holds the per-extraction caches and fallback log."""
 
@@ -289,7 +298,12 @@ class _Walker:
         rule = op_table.lookup(name, len(op.regions) > 0)
         specs = rule(op, ins) if rule is not None else None
         if specs is None:
-            self.fallback(name)
+            if name == "stablehlo.custom_call":
+                target = _call_target(op)
+                if not _HOST_CALLBACK.search(target):  # (a host callback runs where jax puts it: replicated)
+                    self.fallback(f"{name} @{target}")
+            else:
+                self.fallback(name)
             specs = op_table.opaque(op, ins)
         outs = []
         for k, (res, (kind, operands, attrs)) in enumerate(zip(op.results, specs)):

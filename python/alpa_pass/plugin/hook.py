@@ -141,8 +141,9 @@ class LoweringHook:
             return "inside a user mesh context"
         if not all(_compat.is_unspecified(s) for s in out_shardings):
             return "user out_shardings"
-        if closed_jaxpr.effects:
-            return "side effects"
+        _, effects = _compat.effect_kinds(closed_jaxpr)  # (unordered jax.debug.print / callback: planned)
+        if effects:
+            return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
         eqns = closed_jaxpr.jaxpr.eqns
         if len(eqns) < 2 and not (eqns and eqns[0].primitive.name in CALL_PRIMITIVES):
             return "a single operation (eager op)"

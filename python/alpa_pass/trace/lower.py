@@ -30,6 +30,7 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
         kwargs["out_shardings"] = out_shardings
     try:
         traced = _trace(fn, fn, args, kwargs)
+        _check_effects(fn, _compat.traced_jaxpr(traced))
         # one trace for every program; a second (and the peeled one) only where a layer stack is
         if peel_scans and has_layer_stack(_compat.traced_jaxpr(traced)):
             traced = _trace(fn, _peeled(fn, args), args, kwargs)
@@ -40,6 +41,17 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
         raise TraceError(f"jax could not trace {fn_name(fn)}: {type(e).__name__}: {e}. alpa_pass plans "
                          f"what jax.jit can trace; make {fn_name(fn)} jit-compatible first "
                          f"(check it with jax.jit({fn_name(fn)}).lower(*args))") from e
+
+
+def _check_effects(fn, jaxpr) -> None:
+    """TraceError when ``fn`` has effects jax orders with tokens: jax itself runs those on one
+    device only (``jit`` over a multi-device sharding raises), so no plan could keep them."""
+    ordered = _compat.ordered_effects(jaxpr)
+    if ordered:
+        raise TraceError(
+            f"{fn_name(fn)} has ordered side effects ({', '.join(sorted({type(e).__name__ for e in ordered}))}), "
+            f"which jax runs on one device only: make them unordered (jax.debug.print(..., ordered=False), "
+            f"the default) or move them out of the parallelized function")
 
 
 def _trace(fn, body, args, kwargs):
