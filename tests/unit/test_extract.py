@@ -115,6 +115,19 @@ def test_windowed_and_slicing_ops_have_unshardable_dims():
         assert g.kind[v] == OpKind.ELEMENTWISE and g.node_attrs(v) == dims, name
 
 
+def test_fft_transforms_its_trailing_dims_and_maps_the_batch_dims():
+    """rfft over the last dim (its size changes), a 2-D complex fft over the last two: the leading
+    dims stay shardable (spectral / Fourier-operator layers keep their batch split)."""
+    def f(x):
+        return jnp.fft.rfft(x, axis=-1), jnp.fft.fft2(x.astype(jnp.complex64))
+
+    g = _graph(f, jnp.ones((4, 6, 8)))
+    rfft, fft2 = _nodes(g, "stablehlo.fft")
+    assert g.kind[rfft] == g.kind[fft2] == OpKind.ELEMENTWISE and g.fallbacks == {}
+    assert g.node_attrs(rfft) == [2] and g.shape(rfft) == (4, 6, 5)
+    assert g.node_attrs(fft2) == [1, 2]
+
+
 def test_call_is_inlined_per_call_path():
     @jax.jit
     def h(a):

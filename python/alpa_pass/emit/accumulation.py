@@ -156,7 +156,7 @@ def _single_use(value) -> bool:
     return len(list(value.uses)) == 1
 
 
-def _dims(op) -> list[tuple[str, ...]] | None:
+def constraint_dims(op) -> list[tuple[str, ...]] | None:
     """Per-dim axis names of a ``sdy.sharding_constraint`` (None: open dims, sub-axes, extras)."""
     text = str(op.attributes["sharding"])
     if "[" not in text or not text.rstrip(">").rstrip().endswith("]"):  # replicated={...} and the like
@@ -209,7 +209,7 @@ def _match(w, s: int, mesh: LogicalMesh) -> _Found | None:
             if found is None:
                 return None
             source, kind, dims, axes, chain = found
-            if any(_dims(o) is None for o in arg_side + yield_side):
+            if any(constraint_dims(o) is None for o in arg_side + yield_side):
                 return None
             return _Found(source, kind, dims, axes, chain, add, arg_side, yield_side)
     return None
@@ -233,7 +233,7 @@ def _match_source(value, mesh: LogicalMesh):
     if found is None:
         return None
     kind, dims, axes = found
-    if any(c.name == "sdy.sharding_constraint" and _dims(c) is None for c in chain):
+    if any(c.name == "sdy.sharding_constraint" and constraint_dims(c) is None for c in chain):
         return None
     return o, kind, dims, axes, list(reversed(chain))
 
@@ -263,7 +263,7 @@ def _scales(o) -> bool:
 
 def _operand_dims(value):
     o = _owner(value)
-    return _dims(o) if o is not None and o.name == "sdy.sharding_constraint" else None
+    return constraint_dims(o) if o is not None and o.name == "sdy.sharding_constraint" else None
 
 
 def _dot_split(o, mesh: LogicalMesh):
@@ -378,7 +378,7 @@ def _retype(op, n: int, axes, mesh_name: str) -> None:
     res = op.results[0]
     res.set_type(_prefixed(res.type, n))
     if op.name == "sdy.sharding_constraint":
-        op.attributes["sharding"] = _sharding([axes, *_without(_dims(op), axes)], mesh_name)
+        op.attributes["sharding"] = _sharding([axes, *_without(constraint_dims(op), axes)], mesh_name)
     elif op.name == "stablehlo.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         op.attributes["permutation"] = ir.DenseI64ArrayAttr.get([0, *(p + 1 for p in perm)])
@@ -410,7 +410,7 @@ def _rewrite(w, s: int, f: _Found, mesh: LogicalMesh, mesh_name: str) -> None:
     src.erase()
     body, cond = w.regions[1].blocks[0], w.regions[0].blocks[0]
     old_t = ir.RankedTensorType(body.arguments[s].type)
-    carry_dims = _without(_dims(f.yield_side[0]), f.axes) if f.yield_side else [()] * old_t.rank
+    carry_dims = _without(constraint_dims(f.yield_side[0]), f.axes) if f.yield_side else [()] * old_t.rank
     for op in [*f.chain, f.add, *reversed(f.yield_side), *f.arg_side]:
         _retype(op, n, f.axes, mesh_name)
     for block in (body, cond):

@@ -32,12 +32,13 @@ class EmitReport:
     requested nodes left unconstrained (reasons are the ``SKIP_*`` constants);
     ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``);
     ``accumulators``: loop-carried gradient sums kept per shard and reduced once after their loop
-    (``emit.accumulation``)."""
+    (``emit.accumulation``); ``manual_ops``: batch-split FFTs run per shard (``emit.manual_ops``)."""
 
     inserted: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
     reduce_scattered: int = 0
     accumulators: int = 0
+    manual_ops: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n

@@ -19,6 +19,7 @@ from jaxlib.mlir import ir
 from alpa_pass.emit.accumulation import rewrite_accumulations
 from alpa_pass.emit.calls import specialize_callees
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
+from alpa_pass.emit.manual_ops import wrap_manual_ops
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
 from alpa_pass.emit.targets import constraint_targets, operand_steps, operand_targets
 from alpa_pass.extract.graph import OpGraph
@@ -39,6 +40,7 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
                                 operand_dim_shardings=operand_targets(graph, plan, mesh),
                                 axis_order=tuple(plan.axis_order) or None,
                                 operand_steps=operand_steps(graph, plan, mesh))
+    report.manual_ops = wrap_manual_ops(module, mesh_name)  # (batch-split FFTs XLA would replicate)
     if located:
         report.reduce_scattered = rewrite_reduce_scatter(module, located, mesh, mesh_name)
         log.info("%s: %d partial-sum dots reduce-scattered", name, report.reduce_scattered)

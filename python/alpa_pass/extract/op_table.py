@@ -99,6 +99,12 @@ def _pad_dims(op) -> set:
     return {d for d in range(len(lo)) if lo[d] or hi[d] or interior[d]}
 
 
+def _fft_dims(op) -> set:
+    """An FFT transforms its trailing ``len(fft_length)`` dims; the leading (batch) dims are elementwise."""
+    rank = len(shape_of(op.results[0]))
+    return set(range(rank - len(_i64s(op, "fft_length")), rank))
+
+
 def _window_dims(op) -> set:
     """Dims of a windowed op with a window, stride, dilation or padding other than trivial."""
     sizes = _i64s(op, "window_dimensions")
@@ -238,6 +244,7 @@ RULES: dict[str, Rule] = {
     "stablehlo.reverse": _elementwise_with(lambda op: set(_i64s(op, "dimensions"))),
     "stablehlo.sort": _elementwise_with(lambda op: {_int(op, "dimension", -1)
                                                     % len(shape_of(op.results[0]))}),
+    "stablehlo.fft": _elementwise_with(_fft_dims),
     "stablehlo.reduce_window": _reduce_window,
     "stablehlo.select_and_scatter": _elementwise_with(_window_dims),
     "stablehlo.broadcast_in_dim": _broadcast_in_dim,
