@@ -237,11 +237,12 @@ def test_typed_prng_key_step_is_planned_once():
     assert all(p["devices"] == 8 for p in out["params"])
 
 
-@pytest.mark.parametrize("script", ["train_nnx.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
+@pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
-    flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); flax linen with a jitted
+    flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
+    MultiHeadAttention, BatchNorm state, dropout keys from PRNGSequence); flax linen with a jitted
     TrainState init (lm1b style: the init's outputs arrive committed to the init's plan, which
     alpa_pass owns and reshards on entry); Equinox (filter_jit, typed keys, Dropout); Keras 3
     ``model.fit`` over 3 epochs (its step re-lowered with renumbered, re-ordered helpers); optax

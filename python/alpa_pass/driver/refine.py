@@ -36,14 +36,15 @@ log = logging.getLogger("alpa_pass")
 # millions of columns. GPT-175B on 16x16 does not (s30): its tied unmerged ILP has 158,540 columns
 # (82,020 after the exact reduction); refined in 101-106 s of a 140 s wall (35 s merged-only), 7.1%
 # cheaper, nearly all of it HiGHS's root cut rounds (its root LP: 18 s beside another job). So a
-# refinement whose reduced ILP has more than REFINE_SUPPORT_COLUMNS columns takes the LP-support
-# path (``SolveOptions.start_support_columns``): the LP, then the MIP over the LP's support and the
-# merged plan's strategies, warm-started from it; on that 175B ILP 8 + 1.1 s instead of 100-190 s,
-# +0.46% on the full MIP's objective; 175B unbudgeted plans in 42.5 s wall (refinement 8.2 s). (s30
-# timed an LP-support run of 235 s, set up differently: not reproduced.) The refinements of the
-# test models stay far below 50k reduced columns.
+# refinement takes the LP-support path (``SolveOptions.start_support_columns``): the LP, then the
+# MIP over the LP's support and the merged plan's strategies, warm-started from it, kept when it is
+# within ``solver_support_gap`` of the LP bound (else the full MIP runs, from it); on that 175B ILP
+# 8 + 1.1 s instead of 100-190 s, +0.46% on the full MIP's objective; 175B unbudgeted plans in
+# 42.5 s wall (refinement 8.2 s). Small ILPs gain too: a 3-layer Haiku model (MultiHeadAttention,
+# BatchNorm, dropout; 131,643 unmerged columns) spent 22-36 s in the full MIP (merged solve: 0.4 s)
+# and 0.96 s on the LP-support path, 706,841 vs 706,838; on the zoo and suite models (MoE, MLP,
+# GPT, Wide-ResNet on 1x2, 2x4, 8) the objectives are the full MIP's, to every printed digit.
 REFINE_MAX_COLUMNS = 200_000
-REFINE_SUPPORT_COLUMNS = 50_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
 # not by time, so that its result is the same on every machine and under any load (every process
 # of a multi-process job plans on its own and must get the same plan). A wall-clock limit is opt-in
@@ -158,7 +159,7 @@ def _refine_solve_options(option) -> SolveOptions:
     """The planner's solver options with the refinement's node limit and no objective bound, on the
     exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away)."""
     return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit,
-                               eliminate_chains=True, start_support_columns=REFINE_SUPPORT_COLUMNS)
+                               eliminate_chains=True, start_support_columns=0)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):
