@@ -4,6 +4,8 @@ directly), collective counts pinned at what the fixed emission gives, and collec
 inserted constraints traceable to their graph node."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import pytest
 
@@ -121,3 +123,23 @@ def test_list_collectives_parses_attribution():
     assert [(c.kind, c.node, c.operand, c.bytes) for c in found] == [
         ("all-gather", 101, 0, 64 * 32 * 4), ("all-reduce", None, None, 16 + 8)]
     assert summarize(found)["all-reduce"] == {"count": 1, "bytes": 24}
+
+
+def test_elementwise_reads_that_move_an_axis_compile_without_rematerialization():
+    """An unchanged Haiku step (tests/scripts/train_haiku.py) on 2x4: its plan has an ``add`` read
+    its ``dot`` operand moved, ``[R, R, S(x,y)] -> [S(y), R, R]``, which XLA did by replicating the
+    whole tensor ("Involuntary full rematerialization"); pinned at the use with its steps
+    (``emit.targets._moving_reshard``) it is an all-to-all and an all-gather, as planned."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "train_haiku.py"))
+    model, optimizer = script["model"], script["optimizer"]
+    x = jax.ShapeDtypeStruct((script["BATCH"], script["SEQ"], script["HIDDEN"]), jax.numpy.float32)
+    y = jax.ShapeDtypeStruct((script["BATCH"], script["HIDDEN"]), jax.numpy.float32)
+    params, state = jax.eval_shape(lambda k, x: model.init(k, x, True), jax.random.key(0), x)
+    args = (params, state, jax.eval_shape(optimizer.init, params), jax.random.key(1), x, y)
+    with capture_stderr() as log:
+        plan, compiled = plan_and_compile(script["train_step"].__wrapped__, args, ap.LogicalMesh(shape=(2, 4)),
+                                          ap.AutoShardingOption())
+    assert remat_warnings(log[0]) == []
+    assert plan.emit_report.inserted > 0

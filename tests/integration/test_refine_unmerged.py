@@ -41,7 +41,7 @@ def test_moe_refined_reaches_unmerged_optimum(moe_plans):
     refined, merged = moe_plans["auto"], moe_plans[False]
     r = refined.refinement
     assert r["unmerged_columns"] <= REFINE_MAX_COLUMNS  # "auto" is on for this size
-    assert r["solve"] == "unmerged" and r["unmerged_status"] == "LP-support plan"  # (the LP, then its support)
+    assert r["solve"] == "unmerged" and r["unmerged_status"] == "Optimal"
     assert r["merged_objective"] == pytest.approx(merged.objective, rel=1e-9)
     assert refined.objective == pytest.approx(r["unmerged_objective"], rel=1e-9)
     assert refined.objective < 0.9 * merged.objective  # merging costs this model >10%

@@ -15,6 +15,7 @@ from flax.training import train_state
 from jax.sharding import PartitionSpec as P
 
 import alpa_pass as ap
+from alpa_pass.tools.fidelity import capture_stderr, remat_warnings
 from tests.helpers import split_dims
 
 HIDDEN, BATCH = 64, 32
@@ -433,8 +434,9 @@ def test_a_fourier_neural_operator_keeps_its_batch_split_through_the_ffts():
                                           tx=optax.adamw(1e-3))
     want_state, want = _run(jax.jit(train_step), jax.device_put(state, jax.devices()[0]), x, y)
     step = ap.parallelize(train_step, method=ap.ShardParallel(mesh=MESH))
-    exe = step.get_executable(state, x, y)
-    assert exe.plan.fallbacks == {}
+    with capture_stderr() as log:
+        exe = step.get_executable(state, x, y)
+    assert exe.plan.fallbacks == {} and remat_warnings(log[0]) == []  # (its moved operands: in steps)
     ffts = [re.search(r"= \w+\[([\d,]+)\]\S* fft\(", line) for line in exe.hlo_text().splitlines()]
     elements = [math.prod(map(int, m.group(1).split(","))) for m in ffts if m]
     per_shard = [n for n in elements if n < 32 * 32 * 33]  # (global: batch 32 x 32 channels x 33 or 64)

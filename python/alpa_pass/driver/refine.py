@@ -36,14 +36,19 @@ log = logging.getLogger("alpa_pass")
 # millions of columns. GPT-175B on 16x16 does not (s30): its tied unmerged ILP has 158,540 columns
 # (82,020 after the exact reduction); refined in 101-106 s of a 140 s wall (35 s merged-only), 7.1%
 # cheaper, nearly all of it HiGHS's root cut rounds (its root LP: 18 s beside another job). So a
-# refinement takes the LP-support path (``SolveOptions.start_support_columns``): the LP, then the
-# MIP over the LP's support and the merged plan's strategies, warm-started from it, kept when it is
-# within ``solver_support_gap`` of the LP bound (else the full MIP runs, from it); on that 175B ILP
-# 8 + 1.1 s instead of 100-190 s, +0.46% on the full MIP's objective; 175B unbudgeted plans in
-# 42.5 s wall (refinement 8.2 s). Small ILPs gain too: a 3-layer Haiku model (MultiHeadAttention,
-# BatchNorm, dropout; 131,643 unmerged columns) spent 22-36 s in the full MIP (merged solve: 0.4 s)
-# and 0.96 s on the LP-support path, 706,841 vs 706,838; on the zoo and suite models (MoE, MLP,
-# GPT, Wide-ResNet on 1x2, 2x4, 8) the objectives are the full MIP's, to every printed digit.
+# refinement whose reduced ILP has more than REFINE_SUPPORT_COLUMNS columns takes the LP-support
+# path (``SolveOptions.start_support_columns``): the LP, then the MIP over the LP's support and the
+# merged plan's strategies, warm-started from it, kept when it is within ``solver_support_gap`` of
+# the LP bound (else the full MIP runs, from it); on that 175B ILP 8 + 1.1 s instead of 100-190 s,
+# +0.46% on the full MIP's objective; 175B unbudgeted plans in 42.5 s wall (refinement 8.2 s).
+# Below it the full MIP: exact, and where several plans tie (to 1e-9) it is the one the tests pin
+# (a 2x2 MLP's Megatron layers, the top-2 MoE 2x4's all-to-all dispatch without a
+# collective-permute); the LP-support path picks another of the tied plans there. Measured (reduced
+# columns: full MIP / LP-support): 2x2 MLP 5,145: 0.20 / 0.08 s; top-2 MoE 2x4 28,071: 0.31 / 0.62 s;
+# a 3-layer Haiku model (MultiHeadAttention, BatchNorm, dropout; tests/scripts/train_haiku.py) on
+# 2x4 45,945: 14.5 s (22-36 s beside other jobs) / 0.66 s, 706,838 vs 706,841 (LP gap 1.45%);
+# 1-layer GPT 2x4 59,902: 1.05 / 1.08 s, equal. (Was 50,000: the Haiku model planned in 22.7 s.)
+REFINE_SUPPORT_COLUMNS = 40_000
 REFINE_MAX_COLUMNS = 200_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
 # not by time, so that its result is the same on every machine and under any load (every process
@@ -159,7 +164,7 @@ def _refine_solve_options(option) -> SolveOptions:
     """The planner's solver options with the refinement's node limit and no objective bound, on the
     exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away)."""
     return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit,
-                               eliminate_chains=True, start_support_columns=0)
+                               eliminate_chains=True, start_support_columns=REFINE_SUPPORT_COLUMNS)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int):

@@ -42,11 +42,14 @@ def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     gather whose indices and operand disagree on batching dims — XLA 0.10 computes that wrongly on
     CPU; or reduces a whole operand the plan slices first, then all-reduces and slices the result).
     Other nodes get one only where their operand's resharding slices and gathers
-    (``_slice_first_targets``)."""
+    (``_slice_first_targets``), or moves an axis to another dim (``_moving_reshard``: the final
+    layout, reached in ``operand_steps``)."""
     out = {}
     for v in range(graph.num_nodes):
         if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
             out.update(_slice_first_targets(graph, plan, mesh, v))
+            out.update({(v, t): mesh.dim_axes(plan.operand_specs[v][t], len(graph.shape(u)))
+                        for t, u in enumerate(graph.operands(v)) if _moving_reshard(graph, plan, mesh, v, t)})
             continue
         for t, u in enumerate(graph.operands(v)):
             want = plan.operand_specs[v][t]
@@ -56,21 +59,40 @@ def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
 
 
 def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
-    """(node, operand index) -> [dims, ...]: for each use-site layout of ``operand_targets`` on an
-    anchor op, the layouts its resharding passes through first (``emit.constraints.reshard_steps``),
-    where it is more than one step XLA does directly."""
+    """(node, operand index) -> [dims, ...]: for each use-site layout of ``operand_targets`` (on an
+    anchor op, or a moving one on another op: ``_moving_reshard``), the layouts its resharding
+    passes through first (``emit.constraints.reshard_steps``), where it is more than one step XLA
+    does directly."""
     out = {}
     for v in range(graph.num_nodes):
-        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
-            continue
+        anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS
         for t, u in enumerate(graph.operands(v)):
             want = plan.operand_specs[v][t]
             if want == plan.node_specs[u] or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
                 continue
             steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape)
-            if steps:
+            if steps and (anchor or _moving_reshard(graph, plan, mesh, v, t)):
                 out[(v, t)] = [mesh.dim_axes(s, len(graph.shape(u))) for s in steps]
     return out
+
+
+def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int) -> bool:
+    """Whether a non-anchor node ``v`` reads operand ``t`` resharded with an axis moved to another
+    dim (steps beyond the slice-first one): XLA 0.10 does not find such moves on its own when they
+    also gather or reorder, e.g. a Haiku MLP's ``dot -> add bias`` on 2x4, ``[R, R, S(x,y)] ->
+    [S(y), R, R]``: it replicates the whole tensor ("Involuntary full rematerialization"); pinned
+    with its steps, it is an all-to-all over y, then an all-gather over x. Only where every step
+    splits each dim over one axis at most: a step through a dim split over two axes that later
+    loses its major one costs a collective-permute XLA's own way did not (Wide-ResNet 2x4's
+    ``conv -> add``, ``[S(x), R, R, S(y)] -> [S(y), R, R, R]`` through ``[S(x,y), ...]``)."""
+    u = graph.operands(v)[t]
+    if OpKind(int(graph.kind[u])) in (OpKind.GENERATOR, OpKind.PARAMETER):
+        return False
+    src, want, shape = plan.node_specs[u], plan.operand_specs[v][t], graph.shape(u)
+    steps = reshard_steps(src, want, shape, mesh.shape)
+    if not steps or steps == [slice_first(src, want, shape, mesh.shape)]:
+        return False
+    return all(len({d for d in step if d != -1}) == sum(d != -1 for d in step) for step in steps)
 
 
 def _slice_first_targets(graph: OpGraph, plan, mesh: LogicalMesh, v: int) -> dict:

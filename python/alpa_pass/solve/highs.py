@@ -64,7 +64,7 @@ class SolveOptions:
     start_support_columns (with support_gap and a ``start``: a model (after the exact reduction)
     with more columns than this takes the LP-support path too, the start's strategies joining the
     LP's support; ``None``: a start always goes to the full MIP. For the unmerged refinement
-    (``driver.refine`` passes 0: every refinement): GPT-175B 16x16's reduced ILP, 82,020 columns, spent 100-190 s in the full
+    (``driver.refine``): GPT-175B 16x16's reduced ILP, 82,020 columns, spent 100-190 s in the full
     MIP's root cut rounds for 1.4446e11 (scaled); its LP takes 8 s and the MIP over the LP's
     support and the start 1.1 s, 1.4513e11 (+0.46%))."""
 
