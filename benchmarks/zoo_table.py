@@ -28,6 +28,8 @@ ZOO = {
     "flax linen + orbax CheckpointManager: save, restart, restore, train on": "train_orbax_resume.py",
     "Keras 3 applications.MobileNetV3Small (model.fit, unchanged)": "train_keras_app.py",
     "optax MultiSteps": "train_multisteps.py",
+    "Haiku (transform_with_state, MultiHeadAttention, BatchNorm state, dropout keys)": "train_haiku.py",
+    "flax linen with jax.debug.print / debug.callback in the step, clip + adamw": "train_debug_print.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
 }
