@@ -90,33 +90,36 @@ def _qr_step(w, x):
     return jnp.mean(jnp.tanh(x @ q @ w) ** 2)
 
 
-def test_while_loop_is_planned_not_a_fallback():
-    """A while_loop's ops are planned like top-level ops (no OPAQUE fallback), numerics equal."""
+def _grad_step(fn):
+    """(w, x, value_and_grad(fn), its ShardParallel on 2x4) for a loss ``fn(w, x)``."""
     w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
     x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
-    grad_fn = jax.value_and_grad(_while_step)
-    step = ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
-    assert step.get_executable(w, x).plan.fallbacks == {}
+    grad_fn = jax.value_and_grad(fn)
+    return w, x, grad_fn, ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+
+
+def _assert_matches_jit(step, grad_fn, w, x):
     loss, grad = step(w, x)
     want_loss, want_grad = jax.jit(grad_fn)(w, x)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
+
+
+def test_while_loop_is_planned_not_a_fallback():
+    """A while_loop's ops are planned like top-level ops (no OPAQUE fallback), numerics equal."""
+    w, x, grad_fn, step = _grad_step(_while_step)
+    assert step.get_executable(w, x).plan.fallbacks == {}
+    _assert_matches_jit(step, grad_fn, w, x)
 
 
 def test_host_callbacks_are_planned_replicated_without_a_fallback(caplog):
     """``pure_callback`` (and jax.debug.print / callback) run on the host where jax puts them: no
     "no sharding rule" warning, no fallback, same numbers."""
-    w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
-    x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
-    grad_fn = jax.value_and_grad(_callback_step)
-    step = ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+    w, x, grad_fn, step = _grad_step(_callback_step)
     with caplog.at_level(logging.WARNING, logger="alpa_pass"):
         exe = step.get_executable(w, x)
     assert exe.plan.fallbacks == {} and not [r for r in caplog.records if r.name.startswith("alpa_pass")]
-    loss, grad = step(w, x)
-    want_loss, want_grad = jax.jit(grad_fn)(w, x)
-    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
+    _assert_matches_jit(step, grad_fn, w, x)
 
 
 def test_ordered_effects_are_a_trace_error():
@@ -133,10 +136,7 @@ def test_ordered_effects_are_a_trace_error():
 
 @pytest.mark.parametrize("fn", [_qr_step], ids=["lapack_qr"])
 def test_unknown_op_falls_back_once_and_stays_correct(fn, caplog):
-    w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32) / 6.0
-    x = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32)
-    grad_fn = jax.value_and_grad(fn)
-    step = ap.parallelize(grad_fn, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(2, 4))))
+    w, x, grad_fn, step = _grad_step(fn)
     with caplog.at_level(logging.WARNING, logger="alpa_pass"):
         exe = step.get_executable(w, x)
     assert exe.plan.fallbacks, "an op the core does not know must be reported in plan.fallbacks"
@@ -145,10 +145,7 @@ def test_unknown_op_falls_back_once_and_stays_correct(fn, caplog):
     for op in exe.plan.fallbacks:
         mentions = [r for r in logged if op in r.getMessage()]
         assert len(mentions) == 1, f"fallback for {op} logged {len(mentions)} times: {[r.getMessage() for r in logged]}"
-    loss, grad = step(w, x)
-    want_loss, want_grad = jax.jit(grad_fn)(w, x)
-    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-6)
+    _assert_matches_jit(step, grad_fn, w, x)
 
 
 # --- arguments, meshes and options given wrongly: typed errors that say what to change ----------
