@@ -128,6 +128,13 @@ def test_fft_transforms_its_trailing_dims_and_maps_the_batch_dims():
     assert g.node_attrs(fft2) == [1, 2]
 
 
+def test_top_k_maps_its_leading_dims():
+    g = _graph(lambda x: jax.lax.top_k(x, 2), jnp.ones((4, 6, 8)))
+    values, indices = _nodes(g, "chlo.top_k")  # (one node per result)
+    assert g.shape(values) == g.shape(indices) == (4, 6, 2) and g.fallbacks == {}
+    assert all(g.kind[v] == OpKind.ELEMENTWISE and g.node_attrs(v) == [2] for v in (values, indices))
+
+
 def test_call_is_inlined_per_call_path():
     @jax.jit
     def h(a):

@@ -46,3 +46,22 @@ def test_only_the_axes_that_split_it_are_manual():
 def test_other_shardings_are_left_to_xla(n, dims):
     count, text = _wrapped(n, dims)
     assert count == 0 and "manual_computation" not in text
+
+
+def test_a_batch_split_top_k_runs_per_shard_with_both_results():
+    text = """
+module {
+  sdy.mesh @mesh = <["x"=2, "y"=4]>
+  func.func @main(%arg0: tensor<16x8xf32>) -> (tensor<16x2xf32>, tensor<16x2xi32>) {
+    %0:2 = chlo.top_k(%arg0, k = 2) : tensor<16x8xf32> -> (tensor<16x2xf32>, tensor<16x2xi32>)
+    %1 = sdy.sharding_constraint %0#0 <@mesh, [{"x", "y"}, {}]> : tensor<16x2xf32>
+    return %1, %0#1 : tensor<16x2xf32>, tensor<16x2xi32>
+  }
+}
+"""
+    module = parse_module(text, _compat.make_ir_context())
+    assert wrap_manual_ops(module, "mesh") == 1 and module.operation.verify()
+    out = str(module)
+    assert "out_shardings=[<@mesh, [{\"x\", \"y\"}, {}]>, <@mesh, [{\"x\", \"y\"}, {}]>]" in out
+    assert "(tensor<2x8xf32>) -> (tensor<2x2xf32>, tensor<2x2xi32>)" in out or \
+        "tensor<2x8xf32> -> (tensor<2x2xf32>, tensor<2x2xi32>)" in out

@@ -3,14 +3,17 @@
 XLA partitions ``stablehlo.fft`` only when it is a complex FFT of rank >= 3 split on its last dim
 over every device (``SpmdPartitioningVisitor::HandleFft``); any other sharding, a batch split
 included, is replicated: the operand all-gathered, the whole FFT computed on every device, the
-result sliced. But an FFT maps its leading (batch) dims elementwise (``extract.op_table``), so
-the plan may split them: each such FFT is wrapped in an ``sdy.manual_computation`` over the axes
-that split it (what ``shard_map`` lowers to), and every device transforms its own batch shard.
+result sliced. ``chlo.top_k`` (``jax.lax.top_k``, an MoE router's) becomes XLA's ``TopK`` custom
+call, replicated the same way (a 512-token router on 2x4: the TopK on all 512 rows after an
+all-gather). Both map their leading (batch) dims elementwise (``extract.op_table``), so the plan
+may split them: each such op is wrapped in an ``sdy.manual_computation`` over the axes that split
+it (what ``shard_map`` lowers to), and every device computes its own batch shard.
 
-Input IR state: constraints inserted (``emit.constraints``): a planned FFT's result is constrained
-(``sdy.sharding_constraint``) to its planned sharding. Output IR state: each FFT whose constraint
-splits batch dims only (full axes, evenly) computes inside ``sdy.manual_computation(operand)
-in_shardings=[S] out_shardings=[S] manual_axes={its axes}`` with local shapes.
+Input IR state: constraints inserted (``emit.constraints``): a planned op's first result is
+constrained (``sdy.sharding_constraint``) to its planned sharding. Output IR state: each such op
+whose constraint splits batch dims only (full axes, evenly, on every operand and result) computes
+inside ``sdy.manual_computation(operands) in_shardings=[S, ...] out_shardings=[S, ...]
+manual_axes={its axes}`` with local shapes.
 """
 from __future__ import annotations
 
@@ -21,16 +24,22 @@ from jaxlib.mlir import ir
 from alpa_pass.emit.accumulation import constraint_dims
 from alpa_pass.emit.constraints import mesh_axes
 
-MANUAL_OPS = frozenset({"stablehlo.fft"})
+def _fft_whole(op) -> int:
+    return len(ir.DenseI64ArrayAttr(op.attributes["fft_length"]))
+
+
+# op name -> how many trailing dims it computes over (they stay whole; the leading ones are batch)
+MANUAL_OPS = {"stablehlo.fft": _fft_whole, "chlo.top_k": lambda op: 1}
 
 
 def wrap_manual_ops(module: ir.Module, mesh_name: str) -> int:
-    """Wrap every batch-split FFT of ``module`` in a manual computation; returns how many."""
+    """Wrap every batch-split op of ``MANUAL_OPS`` in ``module`` in a manual computation; returns
+    how many."""
     sizes = mesh_axes(module, mesh_name)
     found = []
 
     def visit(op):
-        if op.name in MANUAL_OPS and len(op.results) == 1:
+        if op.name in MANUAL_OPS and len(op.results) >= 1:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -40,7 +49,7 @@ def wrap_manual_ops(module: ir.Module, mesh_name: str) -> int:
 
 
 def _split_dims(op):
-    """The per-dim axes a sharding constraint on ``op``'s result gives it, or None."""
+    """The per-dim axes a sharding constraint on ``op``'s first result gives it, or None."""
     for use in op.results[0].uses:
         user = use.owner
         if user.name == "sdy.sharding_constraint":
@@ -52,32 +61,37 @@ def _wrap(op, sizes: dict[str, int], mesh_name: str) -> bool:
     dims = _split_dims(op)
     if not dims or not any(dims):
         return False
-    out_type = ir.RankedTensorType(op.results[0].type)
-    in_type = ir.RankedTensorType(op.operands[0].type)
-    rank = out_type.rank
-    transformed = len(ir.DenseI64ArrayAttr(op.attributes["fft_length"]))
-    if len(dims) != rank or any(dims[d] for d in range(rank - transformed, rank)):
-        return False  # a transformed dim split: XLA's distributed FFT (or its replication) decides
+    types = [ir.RankedTensorType(v.type) for v in (*op.operands, *op.results)]
+    rank = len(dims)
+    whole = MANUAL_OPS[op.name](op)
+    if any(t.rank != rank for t in types) or any(dims[d] for d in range(rank - whole, rank)):
+        return False  # a computed-over dim split: XLA's own handling (or its replication) decides
     split = [math.prod(sizes[a] for a in d) for d in dims]
-    if any(n % s for n, s in zip(out_type.shape, split)) or any(n % s for n, s in zip(in_type.shape, split)):
+    if any(n % s for t in types for n, s in zip(t.shape, split)):
         return False
     local = lambda t: ir.RankedTensorType.get([n // s for n, s in zip(t.shape, split)], t.element_type)  # noqa: E731
     used = {a for d in dims for a in d}
-    per_value = "[<@{m}, [{body}]>]".format(
-        m=mesh_name, body=", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}" for d in dims))
+    one = "<@{m}, [{body}]>".format(m=mesh_name, body=", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}"
+                                                                 for d in dims))
     attrs = {
-        "in_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<{per_value}>"),
-        "out_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<{per_value}>"),
+        "in_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<[{', '.join([one] * len(op.operands))}]>"),
+        "out_shardings": ir.Attribute.parse(f"#sdy.sharding_per_value<[{', '.join([one] * len(op.results))}]>"),
         "manual_axes": ir.Attribute.parse("#sdy<manual_axes{" + ", ".join(
             f'"{a}"' for a in sizes if a in used) + "}>"),
     }
+    results = list(op.results)
     with op.location:
-        manual = ir.Operation.create("sdy.manual_computation", results=[out_type], operands=[op.operands[0]],
-                                     attributes=attrs, regions=1, ip=ir.InsertionPoint(op))
-        block = manual.regions[0].blocks.append(local(in_type), arg_locs=[op.location])
-        op.results[0].replace_all_uses_with(manual.results[0])
-        ret = ir.Operation.create("sdy.return", operands=[op.results[0]], ip=ir.InsertionPoint(block))
+        manual = ir.Operation.create("sdy.manual_computation", results=[r.type for r in results],
+                                     operands=list(op.operands), attributes=attrs, regions=1,
+                                     ip=ir.InsertionPoint(op))
+        block = manual.regions[0].blocks.append(*(local(ir.RankedTensorType(v.type)) for v in op.operands),
+                                                arg_locs=[op.location] * len(op.operands))
+        for r, m in zip(results, manual.results):
+            r.replace_all_uses_with(m)
+        ret = ir.Operation.create("sdy.return", operands=results, ip=ir.InsertionPoint(block))
         op.move_before(ret)
-        op.operands[0] = block.arguments[0]
-        op.results[0].set_type(local(out_type))
+        for i, arg in enumerate(block.arguments):
+            op.operands[i] = arg
+        for r in results:
+            r.set_type(local(ir.RankedTensorType(r.type)))
     return True

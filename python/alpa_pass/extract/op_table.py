@@ -245,6 +245,7 @@ RULES: dict[str, Rule] = {
     "stablehlo.sort": _elementwise_with(lambda op: {_int(op, "dimension", -1)
                                                     % len(shape_of(op.results[0]))}),
     "stablehlo.fft": _elementwise_with(_fft_dims),
+    "chlo.top_k": _elementwise_with(lambda op: {len(shape_of(op.results[0])) - 1}),  # (along the last dim)
     "stablehlo.reduce_window": _reduce_window,
     "stablehlo.select_and_scatter": _elementwise_with(_window_dims),
     "stablehlo.broadcast_in_dim": _broadcast_in_dim,
