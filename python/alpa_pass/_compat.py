@@ -280,16 +280,15 @@ def traced_jaxpr(traced):
     return getattr(traced.jaxpr, "jaxpr", traced.jaxpr)
 
 
-def effect_kinds(closed_jaxpr) -> tuple[list, list]:
-    """(unordered debug effects, every other effect) of ``closed_jaxpr``.
+def unplannable_effects(closed_jaxpr) -> list:
+    """The effects of ``closed_jaxpr`` other than unordered debug ones.
 
     ``jax.debug.print`` / ``jax.debug.callback`` (unordered) run their callback once per step on a
     sharded ``jit`` too (jax lowers it with a maximal sharding on one device); every other effect
     (ordered callbacks, ``io_callback``, state) keeps the step as the user wrote it."""
     from jax._src import debugging
 
-    debug = [e for e in closed_jaxpr.effects if type(e) is debugging.DebugEffect]
-    return debug, [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
+    return [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
 
 
 def ordered_effects(closed_jaxpr) -> list:

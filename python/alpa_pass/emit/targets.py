@@ -71,12 +71,12 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
             if want == plan.node_specs[u] or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
                 continue
             steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape)
-            if steps and (anchor or _moving_reshard(graph, plan, mesh, v, t)):
+            if steps and (anchor or _moving_reshard(graph, plan, mesh, v, t, steps)):
                 out[(v, t)] = [mesh.dim_axes(s, len(graph.shape(u))) for s in steps]
     return out
 
 
-def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int) -> bool:
+def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int, steps=None) -> bool:
     """Whether a non-anchor node ``v`` reads operand ``t`` resharded with an axis moved to another
     dim (steps beyond the slice-first one): XLA 0.10 does not find such moves on its own when they
     also gather or reorder, e.g. a Haiku MLP's ``dot -> add bias`` on 2x4, ``[R, R, S(x,y)] ->
@@ -84,12 +84,13 @@ def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int) -> 
     with its steps, it is an all-to-all over y, then an all-gather over x. Only where every step
     splits each dim over one axis at most: a step through a dim split over two axes that later
     loses its major one costs a collective-permute XLA's own way did not (Wide-ResNet 2x4's
-    ``conv -> add``, ``[S(x), R, R, S(y)] -> [S(y), R, R, R]`` through ``[S(x,y), ...]``)."""
+    ``conv -> add``, ``[S(x), R, R, S(y)] -> [S(y), R, R, R]`` through ``[S(x,y), ...]``).
+    ``steps``: ``reshard_steps`` of this operand, when the caller has them."""
     u = graph.operands(v)[t]
     if OpKind(int(graph.kind[u])) in (OpKind.GENERATOR, OpKind.PARAMETER):
         return False
     src, want, shape = plan.node_specs[u], plan.operand_specs[v][t], graph.shape(u)
-    steps = reshard_steps(src, want, shape, mesh.shape)
+    steps = reshard_steps(src, want, shape, mesh.shape) if steps is None else steps
     if not steps or steps == [slice_first(src, want, shape, mesh.shape)]:
         return False
     return all(len({d for d in step if d != -1}) == sum(d != -1 for d in step) for step in steps)

@@ -141,7 +141,7 @@ class LoweringHook:
             return "inside a user mesh context"
         if not all(_compat.is_unspecified(s) for s in out_shardings):
             return "user out_shardings"
-        _, effects = _compat.effect_kinds(closed_jaxpr)  # (unordered jax.debug.print / callback: planned)
+        effects = _compat.unplannable_effects(closed_jaxpr)  # (unordered jax.debug.print: planned)
         if effects:
             return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
         eqns = closed_jaxpr.jaxpr.eqns
