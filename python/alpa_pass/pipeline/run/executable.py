@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
-from jax.sharding import SingleDeviceSharding
 
+from alpa_pass import _compat
 from alpa_pass.pipeline.programs.apply_sites import FREE
 from alpa_pass.pipeline.compile.pipeshard import PipeshardProgram, compile_pipeshard
 from alpa_pass.pipeline.run.cross_process import settle
@@ -204,7 +204,7 @@ def _host_if_local(x):
     eager result such as freshly initialised parameters, which every process computed for itself)
     is a host value, placed by each process for its own devices like a numpy array. Arrays with
     mesh shardings (a step's outputs, ``place_global`` results) are global and stay as they are."""
-    if isinstance(x, jax.Array) and isinstance(x.sharding, SingleDeviceSharding):
+    if isinstance(x, jax.Array) and _compat.is_single_device_sharding(x.sharding):
         return np.asarray(x)
     return x
 
