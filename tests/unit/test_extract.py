@@ -135,6 +135,16 @@ def test_top_k_maps_its_leading_dims():
     assert all(g.kind[v] == OpKind.ELEMENTWISE and g.node_attrs(v) == [2] for v in (values, indices))
 
 
+def test_random_normal_has_no_fallback():
+    """jax 0.12.1 computes jax.random.normal's erf_inv with stablehlo.fma (jaxlib 0.10.2 has no such
+    op): elementwise, so a jitted init's normal draws keep their split (as a replicated fallback it
+    left a flax init over its memory budget unplanned). Run by the compat lane on 0.12.1."""
+    g = _graph(lambda k: jax.random.normal(k, (16, 8)), jax.random.key(0))
+    assert g.fallbacks == {}
+    for v in _nodes(g, "stablehlo.fma"):
+        assert g.kind[v] == OpKind.ELEMENTWISE and len(g.operands(v)) == 3
+
+
 def test_call_is_inlined_per_call_path():
     @jax.jit
     def h(a):
