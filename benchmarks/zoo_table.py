@@ -30,6 +30,7 @@ ZOO = {
     "optax MultiSteps": "train_multisteps.py",
     "Haiku (transform_with_state, MultiHeadAttention, BatchNorm state, dropout keys)": "train_haiku.py",
     "flax linen with jax.debug.print / debug.callback in the step, clip + adamw": "train_debug_print.py",
+    "flax linen recurrent (`nn.RNN` over `OptimizedLSTMCell`, `Bidirectional` GRU: scans over time)": "train_flax_rnn.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
 }

@@ -276,6 +276,22 @@ def test_a_step_with_debug_prints_is_planned_and_prints_once_per_step():
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
 
 
+def test_a_recurrent_model_is_planned_and_compiled_once():
+    """tests/scripts/train_flax_rnn.py (``nn.RNN`` over an LSTM cell, a bidirectional GRU: scans
+    over time). Its step's second call, with the state committed to our mesh, is traced again
+    under that mesh, where jax makes tanh's and sigmoid's jvp constant 1 as ``reshard 1.0`` and the
+    scans take it as one more constant (``_compat.fold_scalar_reshards``): it was planned and
+    compiled a second time; now once, and the same losses as without the plugin."""
+    plain, _, _ = _run("train_flax_rnn.py")
+    out, run, stderr = _run("train_flax_rnn.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert stderr.count("planned train_step on mesh 1x8") == 1, stderr[-2000:]
+    assert run["compiles"]["train_step"] == 1 and run["plugin"]["planned"] == 1, run
+    assert run["plugin"]["reused"] >= 1 and run["plugin"]["failed"] == 0, run
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert len(out["losses"]) == 4 and all(p["devices"] == 8 for p in out["params"]), out["params"]
+
+
 @pytest.mark.slow
 def test_a_flax_language_model_gets_megatrons_vocab_parallel_embedding(tmp_path):
     """tests/scripts/train_flax_lm.py (``nn.Embed`` with the tied head ``Embed.attend``, vocab 8192,

@@ -95,14 +95,17 @@ class LoweringHook:
         reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else \
             self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs)
         if reason is None:
+            # (a step traced again under our mesh makes tanh's 1 as a reshard: folded, the same
+            # program as its first trace, one plan and one executable for both)
+            folded = (_compat.fold_scalar_reshards(closed_jaxpr), *args[1:])
             unspecified = tuple(_compat.unspecified() for _ in in_shardings)
-            probe = original(*args[:3], unspecified, *args[4:], **kwargs)
+            probe = original(*folded[:3], unspecified, *folded[4:], **kwargs)
             key = _cache_key(probe, args, kwargs)
             variants = self._cache.get(key, [])
             entry = next((e for e in variants if self._follows(e, closed_jaxpr, in_shardings)), None)
             ours = all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings)
             if entry is None and ours and (not variants or variants[0].computation is not None):
-                computation = self._plan_new(key, probe, original, args, kwargs)
+                computation = self._plan_new(key, probe, original, folded, kwargs)
                 entry = self._cache[key][-1]
                 if entry.computation is None:
                     return computation
