@@ -9,7 +9,6 @@ import json
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
