@@ -186,7 +186,7 @@ void bind_op_kinds_attrs(nb::module_& m) {
   ALPA_ATTRS(OutputAttrs, decode_output_attrs) ALPA_FIELD(OutputAttrs, output_index);
   ALPA_ATTRS(ElementwiseAttrs, decode_elementwise_attrs)
       ALPA_FIELD(ElementwiseAttrs, unshardable_dims)
-      ALPA_FIELD(ElementwiseAttrs, runtime_indexed_dims);
+      ALPA_FIELD(ElementwiseAttrs, runtime_indexed_dims) ALPA_FIELD(ElementwiseAttrs, batch_dims);
   ALPA_ATTRS(BroadcastAttrs, decode_broadcast_attrs) ALPA_FIELD(BroadcastAttrs, broadcast_dims);
   ALPA_ATTRS(TransposeAttrs, decode_transpose_attrs) ALPA_FIELD(TransposeAttrs, permutation);
   ALPA_ATTRS(ReduceAttrs, decode_reduce_attrs) ALPA_FIELD(ReduceAttrs, reduced_dims);

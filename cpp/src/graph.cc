@@ -98,10 +98,16 @@ void check_attrs(const Graph& g, int64_t v) {
     case OpKind::kParameter: decoded(g, v, decode_parameter_attrs); break;
     case OpKind::kOutput: check_operand_count(g, v, 1); decoded(g, v, decode_output_attrs); break;
     case OpKind::kGenerator: check_empty(g, v); break;
-    case OpKind::kElementwise:  // runtime-indexed dims are among the unshardable ones
-      check_dims(g, v, decoded(g, v, decode_elementwise_attrs).unshardable_dims, g.rank(v),
-                 "unshardable");
+    case OpKind::kElementwise: {  // runtime-indexed dims are among the unshardable ones
+      const ElementwiseAttrs e = decoded(g, v, decode_elementwise_attrs);
+      check_dims(g, v, e.unshardable_dims, g.rank(v), "unshardable");
+      if (e.batch_dims > g.rank(v)) {
+        throw std::invalid_argument("node " + std::to_string(v) + " (ELEMENTWISE): " +
+                                    std::to_string(e.batch_dims) + " batch dims on a rank-" +
+                                    std::to_string(g.rank(v)) + " result");
+      }
       break;
+    }
     case OpKind::kBroadcast: {
       check_operand_count(g, v, 1);
       const BroadcastAttrs b = decoded(g, v, decode_broadcast_attrs);

@@ -111,8 +111,18 @@ OutputAttrs decode_output_attrs(std::span<const int64_t> attrs) {
 }
 
 ElementwiseAttrs decode_elementwise_attrs(std::span<const int64_t> attrs) {
+  int64_t batch_dims = 0;
+  if (const auto two = std::find(attrs.begin(), attrs.end(), int64_t{-2}); two != attrs.end()) {
+    if (attrs.end() - two != 2 || two[1] < 1) {
+      throw std::invalid_argument(
+          "ELEMENTWISE attrs: -2 must be followed by exactly one batch dim count >= 1, last "
+          "(layout [unshardable dims..., -1, runtime-indexed dims..., -2, batch dims])");
+    }
+    batch_dims = two[1];
+    attrs = attrs.first(static_cast<size_t>(two - attrs.begin()));
+  }
   const auto sep = std::find(attrs.begin(), attrs.end(), int64_t{-1});
-  ElementwiseAttrs a{Dims(attrs.begin(), sep), {}};
+  ElementwiseAttrs a{Dims(attrs.begin(), sep), {}, batch_dims};
   if (sep == attrs.end()) return a;
   a.runtime_indexed_dims.assign(sep + 1, attrs.end());
   if (std::find(a.runtime_indexed_dims.begin(), a.runtime_indexed_dims.end(), int64_t{-1}) !=

@@ -140,6 +140,9 @@ class ElementwiseAttrs:
     @property
     def runtime_indexed_dims(self) -> list[int]: ...
 
+    @property
+    def batch_dims(self) -> int: ...
+
 def decode_elementwise_attrs(attrs: Sequence[int]) -> ElementwiseAttrs:
     """
     The named fields of one node's attrs; ValueError naming the layout if malformed.

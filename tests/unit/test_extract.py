@@ -145,6 +145,22 @@ def test_random_normal_has_no_fallback():
         assert g.kind[v] == OpKind.ELEMENTWISE and len(g.operands(v)) == 3
 
 
+def test_batched_linalg_maps_its_batch_dims_across_results_of_every_rank():
+    """jax's batched LAPACK custom calls (``num_batch_dims``) are planned along their batch dims:
+    eigh's eigenvalues [B, n] and its info [B] read the matrices [B, n, n] split as they are split
+    (``-2, 1``); the matrix dims stay whole. An unbatched one stays a named fallback."""
+    g = _graph(lambda a: jnp.linalg.eigh(a @ a.swapaxes(-1, -2)), jnp.ones((6, 8, 8)))
+    (vecs, vals, info) = _nodes(g, "stablehlo.custom_call")
+    assert g.fallbacks == {}
+    assert [g.shape(v) for v in (vecs, vals, info)] == [(6, 8, 8), (6, 8), (6,)]
+    assert g.node_attrs(vecs) == [1, 2, -2, 1] and g.node_attrs(vals) == [1, -2, 1]
+    assert g.node_attrs(info) == [-2, 1]
+    assert all(g.kind[v] == OpKind.ELEMENTWISE for v in (vecs, vals, info))
+    g = _graph(jnp.linalg.qr, jnp.ones((8, 8)))
+    assert g.fallbacks == {"stablehlo.custom_call @lapack_sgeqrf_ffi": 1,
+                           "stablehlo.custom_call @lapack_sorgqr_ffi": 1}
+
+
 def test_call_is_inlined_per_call_path():
     @jax.jit
     def h(a):

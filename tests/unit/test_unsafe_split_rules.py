@@ -124,6 +124,17 @@ def test_elementwise_attrs_runtime_indexed_layout():
         _core.decode_elementwise_attrs([-1, 0, -1])
 
 
+def test_elementwise_attrs_batch_dims_layout():
+    a = _core.decode_elementwise_attrs([1, 2, -2, 1])
+    assert (a.unshardable_dims, a.runtime_indexed_dims, a.batch_dims) == ([1, 2], [], 1)
+    b = _core.decode_elementwise_attrs([1, -1, 0, -2, 2])
+    assert (sorted(b.unshardable_dims), b.runtime_indexed_dims, b.batch_dims) == ([0, 1], [0], 2)
+    assert _core.decode_elementwise_attrs([2]).batch_dims == 0
+    for bad in ([-2], [-2, 0], [-2, 1, 3], [-2, 1, -2, 1]):
+        with pytest.raises(ValueError, match="-2 must be followed"):
+            _core.decode_elementwise_attrs(bad)
+
+
 def test_a_one_layer_slice_reshaped_keeps_its_other_dims_splittable():
     """scan's read of one layer: dynamic_slice(x[4, 8, 2], (i, 0, 0), (1, 8, 2)) reshaped to [8, 2].
     The indexed dim has size 1 in the slice, so the reshape's dim 0 (from the slice's dim 1) is no

@@ -26,10 +26,14 @@ struct OutputAttrs {
 // ELEMENTWISE: [unshardable dims...] (result dims that no mesh axis may split), optionally
 // followed by -1 and the runtime-indexed dims: those whose elements a runtime start index picks
 // (dynamic_slice, dynamic_update_slice; see unsafe_splits.h). Runtime-indexed dims are
-// unshardable too: the decoder adds them to unshardable_dims.
+// unshardable too: the decoder adds them to unshardable_dims. The layout may end with -2, k: the
+// result's leading k dims are batch dims that every operand of rank >= k shares, whatever its rank
+// (a batched LAPACK custom call's results: eigh's eigenvalues [B, n] of a matrix [B, n, n]);
+// without it an operand of another rank is replicated.
 struct ElementwiseAttrs {
   Dims unshardable_dims;
   Dims runtime_indexed_dims;
+  int64_t batch_dims = 0;
 };
 // BROADCAST: broadcast_dimensions (operand dim i -> result dim broadcast_dims[i]).
 struct BroadcastAttrs {

@@ -67,18 +67,21 @@ int64_t pick_leader(const RuleContext& ctx, int64_t v) {
 }
 
 // Operand specs for result spec `out`: same spec for same-rank operands, except axes splitting a
-// dim where the operand's size differs (replicated there); rank-0 and other ranks replicated.
+// dim where the operand's size differs (replicated there); rank-0 and other ranks replicated,
+// except on the leading `batch_dims` dims (attrs -2, k), which operands of any rank >= k share.
 std::vector<Spec> operand_specs(const RuleContext& ctx, int64_t v, const Spec& out) {
   const Graph& g = ctx.graph;
   const auto out_shape = g.shape(v);
+  const int64_t batch = decode_elementwise_attrs(g.node_attrs(v)).batch_dims;
   std::vector<Spec> ins;
   ins.reserve(g.operands(v).size());
   for (int64_t u : g.operands(v)) {
     Spec s = replicated_spec(ctx.mesh);
-    if (g.rank(u) == g.rank(v)) {
+    if (g.rank(u) == g.rank(v) || (batch > 0 && g.rank(u) >= batch)) {
       const auto shape = g.shape(u);
+      const int64_t shared = g.rank(u) == g.rank(v) ? g.rank(v) : batch;
       for (size_t a = 0; a < out.size(); ++a) {
-        if (out[a] >= 0 && shape[out[a]] == out_shape[out[a]]) s[a] = out[a];
+        if (out[a] >= 0 && out[a] < shared && shape[out[a]] == out_shape[out[a]]) s[a] = out[a];
       }
     }
     ins.push_back(std::move(s));

@@ -123,6 +123,23 @@ def _reduce_window(op, ins):
     return [(OpKind.ELEMENTWISE, [ins[k], ins[n + k]], dims) for k in range(n)]
 
 
+def _batched_custom_call(op, ins):
+    """A custom call jax marks with ``num_batch_dims = k`` (its batched LAPACK / cuSOLVER calls:
+    eigh, qr, svd, cholesky, lu, triangular solve) computes each of its leading k dims' elements
+    independently, and XLA's partitioner runs it per shard of them: every result's leading k dims
+    map to every operand's (``-2, k``), its other dims stay whole. Other custom calls: None."""
+    if "mhlo.frontend_attributes" not in op.attributes:
+        return None
+    attrs = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+    if "num_batch_dims" not in attrs:
+        return None
+    k = int(ir.StringAttr(attrs["num_batch_dims"]).value)
+    shapes = [shape_of(v) for v in (*op.operands, *op.results)]
+    if k < 1 or any(len(s) < k or s[:k] != shapes[0][:k] for s in shapes):
+        return None
+    return [(OpKind.ELEMENTWISE, list(ins), list(range(k, len(shape_of(r)))) + [-2, k]) for r in op.results]
+
+
 # ---- shape-changing single-kind ops -------------------------------------------------------
 
 
@@ -262,6 +279,7 @@ RULES: dict[str, Rule] = {
     "stablehlo.convolution": _convolution,
     "stablehlo.gather": _gather,
     "stablehlo.scatter": _scatter,
+    "stablehlo.custom_call": _batched_custom_call,
 }
 
 # Ops whose regions the extractor may skip because the rule above covers the whole op.
