@@ -222,12 +222,13 @@ def const_args(computation) -> list:
 
 
 def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
-    """Names of every primitive in ``closed_jaxpr``, sub-jaxprs (pjit, scan, cond, ...) included.
+    """Names of every primitive in ``closed_jaxpr`` (or an open jaxpr), sub-jaxprs (pjit, scan,
+    cond, ...) included.
 
     ``device_put`` counts only when it names a device or sharding (not a plain copy)."""
     from jax._src import core
 
-    names, stack = set(), [closed_jaxpr.jaxpr]
+    names, stack = set(), [getattr(closed_jaxpr, "jaxpr", closed_jaxpr)]
     while stack:
         jaxpr = stack.pop()
         for eqn in jaxpr.eqns:

@@ -292,6 +292,19 @@ def test_a_recurrent_model_is_planned_and_compiled_once():
     assert len(out["losses"]) == 4 and all(p["devices"] == 8 for p in out["params"]), out["params"]
 
 
+def test_a_custom_partitioning_op_is_planned_under_the_plugin():
+    """tests/scripts/infer_custom_partitioning.py: the planner extracts the module lowered for the
+    mesh's devices, where the op is a CustomSPMDPartitioning call as in the compiled one (it was
+    planned from the inline lowering and failed at emission: "runs as plain jax.jit")."""
+    plain, _, _ = _run("infer_custom_partitioning.py")
+    out, run, stderr = _run("infer_custom_partitioning.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info",
+                            ALPA_PASS_MIN_BYTES="0")
+    assert "planned step on mesh 1x8" in stderr and "plain jax.jit" not in stderr, stderr[-2000:]
+    assert run["plugin"]["failed"] == 0 and run["compiles"]["step"] == 1 and out["devices"] == 8
+    for a, b in zip(out["outs"], plain["outs"]):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
 @pytest.mark.slow
 def test_a_flax_language_model_gets_megatrons_vocab_parallel_embedding(tmp_path):
     """tests/scripts/train_flax_lm.py (``nn.Embed`` with the tied head ``Embed.attend``, vocab 8192,

@@ -156,9 +156,36 @@ def test_batched_linalg_maps_its_batch_dims_across_results_of_every_rank():
     assert g.node_attrs(vecs) == [1, 2, -2, 1] and g.node_attrs(vals) == [1, -2, 1]
     assert g.node_attrs(info) == [-2, 1]
     assert all(g.kind[v] == OpKind.ELEMENTWISE for v in (vecs, vals, info))
-    g = _graph(jnp.linalg.qr, jnp.ones((8, 8)))
-    assert g.fallbacks == {"stablehlo.custom_call @lapack_sgeqrf_ffi": 1,
-                           "stablehlo.custom_call @lapack_sorgqr_ffi": 1}
+    g = _graph(jnp.linalg.qr, jnp.ones((8, 8)))  # unbatched: its rule shares no factor, all dims whole
+    assert g.fallbacks == {}
+    assert [g.node_attrs(v) for v in _nodes(g, "stablehlo.custom_call")] == [[0, 1], [0], [0, 1]]
+
+
+def test_custom_partitioning_ops_follow_their_sharding_rule():
+    """A ``custom_partitioning`` op with ``sharding_rule="b i j, b j -> b i"`` lowered for 8 devices
+    (``trace.lower``'s ``mesh``): a CustomSPMDPartitioning call whose factors say b is a batch dim
+    shared by both operands, i stays whole: the operand of the result's rank (v) has j there, and
+    ELEMENTWISE maps same-rank operands dim by dim."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    @custom_partitioning
+    def matvec(a, v):
+        return jnp.einsum("bij,bj->bi", a, v)
+
+    def partition(mesh, arg_shapes, result_shape):
+        return mesh, lambda a, v: jnp.einsum("bij,bj->bi", a, v), result_shape.sharding, \
+            tuple(s.sharding for s in arg_shapes)
+
+    matvec.def_partition(partition=partition, infer_sharding_from_operands=lambda m, a, r: a[1].sharding,
+                         sharding_rule="b i j, b j -> b i")
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    replicated = NamedSharding(mesh, P())
+    lowered = jax.jit(matvec, in_shardings=(replicated, replicated)).lower(jnp.ones((8, 6, 4)), jnp.ones((8, 4)))
+    g = extract_graph(lowered.compiler_ir("stablehlo"))
+    (v,) = _nodes(g, "stablehlo.custom_call")
+    assert g.fallbacks == {} and g.kind[v] == OpKind.ELEMENTWISE
+    assert g.node_attrs(v) == [1, -2, 1]
 
 
 def test_call_is_inlined_per_call_path():

@@ -55,7 +55,8 @@ def make_plan(fn, args, meshes, option: AutoShardingOption, saved: Plan | None =
         timings = {}
         progress.stage("trace")
         t = time.perf_counter()
-        lowered = lower(fn, args, peel_scans=option.peel_layer_scans)
+        lowered = lower(fn, args, peel_scans=option.peel_layer_scans,
+                        mesh=meshes[0] if isinstance(meshes, tuple) else meshes)
         timings["trace"] = time.perf_counter() - t
 
         progress.stage("extract")

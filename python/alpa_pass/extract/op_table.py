@@ -10,6 +10,7 @@ express (e.g. a bitcast_convert that changes the shape); the caller then makes i
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 from jaxlib.mlir import ir
@@ -123,18 +124,61 @@ def _reduce_window(op, ins):
     return [(OpKind.ELEMENTWISE, [ins[k], ins[n + k]], dims) for k in range(n)]
 
 
-def _batched_custom_call(op, ins):
-    """A custom call jax marks with ``num_batch_dims = k`` (its batched LAPACK / cuSOLVER calls:
-    eigh, qr, svd, cholesky, lu, triangular solve) computes each of its leading k dims' elements
-    independently, and XLA's partitioner runs it per shard of them: every result's leading k dims
-    map to every operand's (``-2, k``), its other dims stay whole. Other custom calls: None."""
+_SDY_RULE = re.compile(r"#sdy\.op_sharding_rule<\((.*?)\)->\((.*?)\)\s*\{[^}]*\}(.*)>$", re.S)
+_SDY_FACTOR = re.compile(r"[a-z](_\d+)?")  # sdy names factors i, j, ..., z, z_1, ...; "ij": compound
+_SDY_SPECIAL = re.compile(r"(?:reduction|need_replication|permutation|blocked_propagation)=\{([^}]*)\}")
+
+
+def _sdy_rule(op):
+    """(operand dims, result dims, special factors) of the ``sdy.sharding_rule`` jax attaches to a
+    custom call (LAPACK / cuSOLVER calls, ``custom_partitioning`` ops with a ``sharding_rule``: jax's
+    cuDNN attention): per tensor, per dim, its factor name (None: a compound dim); or None."""
+    if "sdy.sharding_rule" not in op.attributes:
+        return None
+    m = _SDY_RULE.match(str(op.attributes["sdy.sharding_rule"]))
+    if m is None:
+        return None
+
+    def tensors(text):
+        return [[t if _SDY_FACTOR.fullmatch(t) else None for t in (x.strip() for x in body.split(",")) if t]
+                for body in re.findall(r"\[([^\]]*)\]", text)]
+
+    special = {f.strip() for group in _SDY_SPECIAL.findall(m.group(3)) for f in group.split(",") if f.strip()}
+    return tensors(m.group(1)), tensors(m.group(2)), special
+
+
+def _custom_call(op, ins):
+    """A custom call whose factors jax declares (``sdy.sharding_rule``; else ``num_batch_dims = k``,
+    its batched LAPACK calls' leading k dims), which XLA's partitioner runs per shard of them.
+    ELEMENTWISE per result: the leading dims where every operand and result carries the same
+    factor are batch dims (``-2, k``: shared with operands of any rank); a later dim is splittable
+    where some operand carries its factor, every operand of the result's rank carries it there
+    too, and it is no reduction / replication / permutation factor. Other custom calls: None."""
+    shapes = [shape_of(v) for v in (*op.operands, *op.results)]
+    rule = _sdy_rule(op)
+    if rule is not None:
+        operands, results, special = rule
+        if len(operands) != len(op.operands) or len(results) != len(op.results):
+            return None
+        tensors = operands + results
+        k = 0
+        while all(len(t) > k and t[k] is not None and t[k] == tensors[0][k] and t[k] not in special
+                  for t in tensors):
+            k += 1
+        out = []
+        for r, dims in enumerate(results):
+            rank = len(dims)
+            whole = [d for d in range(k, rank) if dims[d] is None or dims[d] in special
+                     or not any(dims[d] in t for t in operands)  # (computed whole, then sliced)
+                     or any(len(t) == rank and t[d] != dims[d] for t in operands)]
+            out.append((OpKind.ELEMENTWISE, list(ins), whole + ([-2, k] if k else [])))
+        return out
     if "mhlo.frontend_attributes" not in op.attributes:
         return None
     attrs = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
     if "num_batch_dims" not in attrs:
         return None
     k = int(ir.StringAttr(attrs["num_batch_dims"]).value)
-    shapes = [shape_of(v) for v in (*op.operands, *op.results)]
     if k < 1 or any(len(s) < k or s[:k] != shapes[0][:k] for s in shapes):
         return None
     return [(OpKind.ELEMENTWISE, list(ins), list(range(k, len(shape_of(r)))) + [-2, k]) for r in op.results]
@@ -279,7 +323,7 @@ RULES: dict[str, Rule] = {
     "stablehlo.convolution": _convolution,
     "stablehlo.gather": _gather,
     "stablehlo.scatter": _scatter,
-    "stablehlo.custom_call": _batched_custom_call,
+    "stablehlo.custom_call": _custom_call,
 }
 
 # Ops whose regions the extractor may skip because the rule above covers the whole op.

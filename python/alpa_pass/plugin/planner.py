@@ -59,6 +59,12 @@ class PluginPlanner:
         if peeled is not None:  # the same program with its layer stacks peeled, as ap.parallelize lowers it
             args = (peeled, *args[1:])
             probe = original(*args[:3], tuple(_compat.unspecified() for _ in args[3]), *args[4:], **kwargs)
+        if "custom_partitioning" in _compat.jaxpr_primitive_names(args[0]):
+            # (lowered inline on one partition, as a CustomSPMDPartitioning call on several: the
+            # module to plan is the one for the mesh's devices, as trace.lower does for the API)
+            mesh = meshes if isinstance(meshes, LogicalMesh) else meshes[0]
+            replicated = NamedSharding(mesh.jax_mesh(), PartitionSpec())
+            probe = original(*args[:3], tuple(replicated for _ in args[3]), *args[4:], **kwargs)
         if _compat.const_args(probe):
             raise ExtractError("the lowering hoisted constants into arguments; not supported yet")
         kept = _compat.kept_var_idx(probe)

@@ -6,6 +6,7 @@ import hashlib
 import re
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from alpa_pass import _compat
 from alpa_pass.errors import AlpaPassError, TraceError
@@ -16,12 +17,17 @@ def fn_name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(), peel_scans: bool = False):
+def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(), peel_scans: bool = False,
+          mesh=None):
     """``jax.jit(fn, ...).lower(*args)`` with every argument kept (module args == arg leaves).
 
     ``args`` may hold arrays or ``jax.ShapeDtypeStruct``s. ``peel_scans``: lower ``fn`` with the
     last iteration of each layer stack's backward scan run outside its loop (``trace.scan_peel``:
-    the same ops, arguments and outputs). Raises TraceError naming ``fn`` when JAX cannot trace or lower it.
+    the same ops, arguments and outputs). ``mesh`` (a LogicalMesh; without ``in_shardings``): the
+    mesh the module will be compiled for. A ``custom_partitioning`` op (jax's cuDNN attention)
+    lowers inline on one device but as a ``CustomSPMDPartitioning`` custom call on several, so a
+    function with one is lowered with its arguments replicated on ``mesh``, as the plan's
+    compilation lowers it. Raises TraceError naming ``fn`` when JAX cannot trace or lower it.
     """
     kwargs = dict(keep_unused=True, donate_argnums=tuple(donate_argnums))
     if in_shardings is not None:
@@ -31,6 +37,11 @@ def lower(fn, args, *, in_shardings=None, out_shardings=None, donate_argnums=(),
     try:
         traced = _trace(fn, fn, args, kwargs)
         _check_effects(fn, _compat.traced_jaxpr(traced))
+        if (in_shardings is None and mesh is not None and mesh.num_devices > 1
+                and "custom_partitioning" in _compat.jaxpr_primitive_names(_compat.traced_jaxpr(traced))):
+            replicated = NamedSharding(mesh.jax_mesh(), PartitionSpec())
+            kwargs["in_shardings"] = jax.tree.map(lambda _: replicated, tuple(args))
+            traced = _trace(fn, fn, args, kwargs)
         # one trace for every program; a second (and the peeled one) only where a layer stack is
         if peel_scans and has_layer_stack(_compat.traced_jaxpr(traced)):
             traced = _trace(fn, _peeled(fn, args), args, kwargs)
