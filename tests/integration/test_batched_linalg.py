@@ -1,7 +1,7 @@
-"""Batched linear algebra (jax's LAPACK custom calls with ``num_batch_dims``) in a training step:
-planned along the batch dims, each device decomposing its own matrices (XLA's partitioner runs
-such a call per batch shard); before, an opaque fallback, every device decomposed all of them
-after an all-gather."""
+"""Batched linear algebra (jax's LAPACK custom calls, batched by their ``sdy.sharding_rule``) in a
+training step: planned along the batch dims, each device decomposing its own matrices (XLA's
+partitioner runs such a call per batch shard); before, an opaque fallback, every device
+decomposed all of them after an all-gather."""
 from __future__ import annotations
 
 import re

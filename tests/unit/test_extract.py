@@ -146,9 +146,10 @@ def test_random_normal_has_no_fallback():
 
 
 def test_batched_linalg_maps_its_batch_dims_across_results_of_every_rank():
-    """jax's batched LAPACK custom calls (``num_batch_dims``) are planned along their batch dims:
-    eigh's eigenvalues [B, n] and its info [B] read the matrices [B, n, n] split as they are split
-    (``-2, 1``); the matrix dims stay whole. An unbatched one stays a named fallback."""
+    """jax's batched LAPACK custom calls (their ``sdy.sharding_rule`` shares factor i among all
+    operands and results) are planned along their batch dims: eigh's eigenvalues [B, n] and its
+    info [B] read the matrices [B, n, n] split as they are split (``-2, 1``); the matrix dims stay
+    whole. An unbatched one is planned by its rule too, every dim whole (no fallback)."""
     g = _graph(lambda a: jnp.linalg.eigh(a @ a.swapaxes(-1, -2)), jnp.ones((6, 8, 8)))
     (vecs, vals, info) = _nodes(g, "stablehlo.custom_call")
     assert g.fallbacks == {}

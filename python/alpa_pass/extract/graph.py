@@ -22,7 +22,7 @@ ELEMENTWISE     ``[unshardable dims...]`` operands have the output's rank (same 
                 dynamic_slice / dynamic_update_slice: ``[-1, runtime-indexed dims...]`` (the dims
                 a runtime start moves; unshardable too, see cpp/include/alpa/unsafe_splits.h).
                 A trailing ``-2, k``: the leading k dims are batch dims every operand of rank
-                >= k shares whatever its rank (batched LAPACK custom calls: ``num_batch_dims``).
+                >= k shares whatever its rank (a custom call's ``sdy.sharding_rule`` batch factors).
 BROADCAST       ``broadcast_dimensions`` (operand dim i -> output dim attrs[i])
 TRANSPOSE       ``permutation`` (output dim i = operand dim attrs[i])
 RESHAPE         ``[]`` (shapes say everything)

@@ -148,40 +148,30 @@ def _sdy_rule(op):
 
 
 def _custom_call(op, ins):
-    """A custom call whose factors jax declares (``sdy.sharding_rule``; else ``num_batch_dims = k``,
-    its batched LAPACK calls' leading k dims), which XLA's partitioner runs per shard of them.
+    """A custom call whose factors jax declares (``sdy.sharding_rule``: its LAPACK / cuSOLVER calls,
+    ``custom_partitioning`` ops with a rule), which XLA's partitioner runs per shard of them.
     ELEMENTWISE per result: the leading dims where every operand and result carries the same
     factor are batch dims (``-2, k``: shared with operands of any rank); a later dim is splittable
     where some operand carries its factor, every operand of the result's rank carries it there
     too, and it is no reduction / replication / permutation factor. Other custom calls: None."""
-    shapes = [shape_of(v) for v in (*op.operands, *op.results)]
     rule = _sdy_rule(op)
-    if rule is not None:
-        operands, results, special = rule
-        if len(operands) != len(op.operands) or len(results) != len(op.results):
-            return None
-        tensors = operands + results
-        k = 0
-        while all(len(t) > k and t[k] is not None and t[k] == tensors[0][k] and t[k] not in special
-                  for t in tensors):
-            k += 1
-        out = []
-        for r, dims in enumerate(results):
-            rank = len(dims)
-            whole = [d for d in range(k, rank) if dims[d] is None or dims[d] in special
-                     or not any(dims[d] in t for t in operands)  # (computed whole, then sliced)
-                     or any(len(t) == rank and t[d] != dims[d] for t in operands)]
-            out.append((OpKind.ELEMENTWISE, list(ins), whole + ([-2, k] if k else [])))
-        return out
-    if "mhlo.frontend_attributes" not in op.attributes:
+    if rule is None:
         return None
-    attrs = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
-    if "num_batch_dims" not in attrs:
+    operands, results, special = rule
+    if len(operands) != len(op.operands) or len(results) != len(op.results):
         return None
-    k = int(ir.StringAttr(attrs["num_batch_dims"]).value)
-    if k < 1 or any(len(s) < k or s[:k] != shapes[0][:k] for s in shapes):
-        return None
-    return [(OpKind.ELEMENTWISE, list(ins), list(range(k, len(shape_of(r)))) + [-2, k]) for r in op.results]
+    tensors = operands + results
+    k = 0
+    while all(len(t) > k and t[k] is not None and t[k] == tensors[0][k] and t[k] not in special for t in tensors):
+        k += 1
+    out = []
+    for dims in results:
+        rank = len(dims)
+        whole = [d for d in range(k, rank) if dims[d] is None or dims[d] in special
+                 or not any(dims[d] in t for t in operands)  # (computed whole, then sliced)
+                 or any(len(t) == rank and t[d] != dims[d] for t in operands)]
+        out.append((OpKind.ELEMENTWISE, list(ins), whole + ([-2, k] if k else [])))
+    return out
 
 
 # ---- shape-changing single-kind ops -------------------------------------------------------
