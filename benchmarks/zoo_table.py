@@ -34,7 +34,7 @@ ZOO = {
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
 }
-ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (the vocab-parallel plan is chosen on 2x4)
+ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 
 
 def losses(out: dict) -> list[float]:

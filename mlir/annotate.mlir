@@ -17,8 +17,9 @@
 // CHECK-NEXT: %0 = stablehlo.sine %arg0
 // CHECK-NOT: sharding_constraint
 // CHECK: %2 = stablehlo.multiply %0, %1
-// (the dim goes from {"y"} to {"x", "y"}: the kept axis "y" is emitted major; see emit.constraints)
-// CHECK-NEXT: %3 = sdy.sharding_constraint %2 <@mesh, [{}, {"y", "x"}]> : tensor<4x16xf32>
+// (a dim split over several axes lists them in one order, mesh order here: a plan's axis_order,
+// the order the core priced its reshards in; see emit.constraints)
+// CHECK-NEXT: %3 = sdy.sharding_constraint %2 <@mesh, [{}, {"x", "y"}]> : tensor<4x16xf32>
 // CHECK-NEXT: return %3
 module @jit_f attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["x"=2, "y"=4]>

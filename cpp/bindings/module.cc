@@ -34,9 +34,11 @@ using namespace bindings;
 namespace {
 
 Mesh make_mesh(std::vector<int64_t> shape, std::vector<double> alpha, std::vector<double> beta,
-               std::vector<std::tuple<std::vector<int>, double, double>> axes_costs) {
+               std::vector<std::tuple<std::vector<int>, double, double>> axes_costs,
+               std::vector<int> axis_order) {
   Mesh m{std::move(shape), std::move(alpha), std::move(beta)};
   for (auto& [axes, a, b] : axes_costs) m.axes_costs.push_back({std::move(axes), a, b});
+  m.axis_order = std::move(axis_order);
   m.validate();
   return m;
 }
@@ -116,9 +118,13 @@ void bind_mesh_spec(nb::module_& m) {
   auto cls = nb::class_<Mesh>(m, "Mesh", "Logical N-D device mesh with alpha-beta costs per axis.");
   cls.def(nb::new_(&make_mesh), "shape"_a, "alpha"_a, "beta"_a,
           "axes_costs"_a = std::vector<std::tuple<std::vector<int>, double, double>>{},
+          "axis_order"_a = std::vector<int>{},
           "axes_costs: (axes, alpha, beta) of collectives over several axes at once (a measured\n"
-          "flattened group), used instead of the largest per-axis alpha and beta.")
+          "flattened group), used instead of the largest per-axis alpha and beta.\n"
+          "axis_order: mesh axes, most major first, in which a dim split over several axes lists\n"
+          "them (empty: mesh order); reshard_cost charges the collective-permutes it implies.")
       .def_ro("shape", &Mesh::shape)
+      .def_ro("axis_order", &Mesh::axis_order)
       .def_ro("alpha", &Mesh::alpha)
       .def_ro("beta", &Mesh::beta)
       .def_prop_ro("axes_costs", [](const Mesh& mesh) {
@@ -140,6 +146,9 @@ void bind_mesh_spec(nb::module_& m) {
       {"all_gather", &Mesh::all_gather, &Mesh::all_gather},
       {"reduce_scatter", &Mesh::reduce_scatter, &Mesh::reduce_scatter},
       {"all_to_all", &Mesh::all_to_all, &Mesh::all_to_all}};
+  cls.def("collective_permute", [](const Mesh& mm, double b, std::vector<int> axes) {
+    return mm.collective_permute(b, axes);
+  }, "bytes"_a, "axes"_a, "Every device sends `bytes` to another device of the axes' group: a + b B.");
   for (const auto& [name, one, many] : collectives) {  // one axis, or several as one collective
     cls.def(name, one, "bytes"_a, "axis"_a);
     cls.def(name, [many](const Mesh& mm, double b, std::vector<int> axes) { return (mm.*many)(b, axes); },

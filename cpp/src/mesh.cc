@@ -42,6 +42,16 @@ void Mesh::validate() const {
     check_cost(alpha, "alpha", a);
     check_cost(beta, "beta", a);
   }
+  if (!axis_order.empty()) {
+    std::vector<int> sorted = axis_order;
+    std::sort(sorted.begin(), sorted.end());
+    bool perm = static_cast<int>(sorted.size()) == ndim();
+    for (int a = 0; perm && a < ndim(); ++a) perm = sorted[a] == a;
+    if (!perm) {
+      throw std::invalid_argument("mesh axis_order must be a permutation of the " +
+                                  std::to_string(ndim()) + " mesh axes (most major first), or empty");
+    }
+  }
   for (size_t k = 0; k < axes_costs.size(); ++k) {
     const AxesCost& c = axes_costs[k];
     const std::string where = "mesh axes_costs[" + std::to_string(k) + "]";
@@ -62,6 +72,13 @@ void Mesh::validate() const {
       if (axes_costs[j].axes == c.axes) throw std::invalid_argument(where + ": axes given twice");
     }
   }
+}
+
+std::vector<int> Mesh::major_to_minor() const {
+  if (!axis_order.empty()) return axis_order;
+  std::vector<int> out(shape.size());
+  for (int a = 0; a < ndim(); ++a) out[a] = a;
+  return out;
 }
 
 namespace {
@@ -141,6 +158,10 @@ double Mesh::reduce_scatter(double bytes, std::span<const int> axes) const {
 double Mesh::all_to_all(double bytes, std::span<const int> axes) const {
   const Group g = flattened(*this, axes);
   return group_collective(g, bytes, (g.n - 1.0) / (g.n * g.n) * (g.n / 2.0));
+}
+
+double Mesh::collective_permute(double bytes, std::span<const int> axes) const {
+  return group_collective(flattened(*this, axes), bytes, 1.0);
 }
 
 double Mesh::all_reduce(double bytes, int axis) const { return all_reduce(bytes, {&axis, 1}); }

@@ -13,14 +13,19 @@ from numpy.typing import NDArray
 class Mesh:
     """Logical N-D device mesh with alpha-beta costs per axis."""
 
-    def __init__(self, shape: Sequence[int], alpha: Sequence[float], beta: Sequence[float], axes_costs: Sequence[tuple[Sequence[int], float, float]] = []) -> None:
+    def __init__(self, shape: Sequence[int], alpha: Sequence[float], beta: Sequence[float], axes_costs: Sequence[tuple[Sequence[int], float, float]] = [], axis_order: Sequence[int] = []) -> None:
         """
         axes_costs: (axes, alpha, beta) of collectives over several axes at once (a measured
         flattened group), used instead of the largest per-axis alpha and beta.
+        axis_order: mesh axes, most major first, in which a dim split over several axes lists
+        them (empty: mesh order); reshard_cost charges the collective-permutes it implies.
         """
 
     @property
     def shape(self) -> list[int]: ...
+
+    @property
+    def axis_order(self) -> list[int]: ...
 
     @property
     def alpha(self) -> list[float]: ...
@@ -38,6 +43,11 @@ class Mesh:
     def num_devices(self) -> int: ...
 
     def __repr__(self) -> str: ...
+
+    def collective_permute(self, bytes: float, axes: Sequence[int]) -> float:
+        """
+        Every device sends `bytes` to another device of the axes' group: a + b B.
+        """
 
     @overload
     def all_reduce(self, bytes: float, axis: int) -> float: ...

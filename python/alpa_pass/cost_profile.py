@@ -236,14 +236,14 @@ class ClusterProfile:
                     out.append((axes, float(entry["alpha"]), float(entry["beta"])))
         return out
 
-    def core_mesh(self, mesh):
+    def core_mesh(self, mesh, axis_order=()):
         """The C++ core's Mesh of LogicalMesh ``mesh`` with this profile's alpha/beta per axis and
-        per measured group of axes (:meth:`group_costs`)."""
+        per measured group of axes (:meth:`group_costs`); ``axis_order`` as ``LogicalMesh.to_core``."""
         from alpa_pass import _core
 
         alpha, beta = self.mesh_costs(mesh.shape)
         return _core.Mesh(shape=list(mesh.shape), alpha=list(alpha), beta=list(beta),
-                          axes_costs=self.group_costs(tuple(mesh.shape)))
+                          axes_costs=self.group_costs(tuple(mesh.shape)), axis_order=mesh.axis_indices(axis_order))
 
     def to_json(self) -> str:
         return json.dumps(self.data, indent=1, sort_keys=True) + "\n"

@@ -86,8 +86,16 @@ class LogicalMesh:
                             f"{len(devices)} devices were given")
         return Mesh(np.array(devices, dtype=object).reshape(self.shape), self.axis_names)
 
-    def to_core(self):
-        return _core.Mesh(shape=list(self.shape), alpha=list(self.alpha), beta=list(self.beta))
+    def to_core(self, axis_order: Sequence[str] = ()):
+        """The C++ core's Mesh (``axis_order``: axis names, most major first; empty: mesh order)."""
+        return _core.Mesh(shape=list(self.shape), alpha=list(self.alpha), beta=list(self.beta),
+                          axis_order=self.axis_indices(axis_order))
+
+    def axis_indices(self, order: Sequence[str] = ()) -> list[int]:
+        """The mesh axes of ``order`` (axis names, most major first) as indices; empty stays empty."""
+        if order and sorted(order) != sorted(self.axis_names):
+            raise MeshError(f"axis order {tuple(order)} is not a permutation of the mesh axes {self.axis_names}")
+        return [self.axis_names.index(a) for a in order]
 
     def spec_to_partition_spec(self, spec: Sequence[int], rank: int, order: Sequence[str] = ()):
         """Core spec (tensor dim per mesh axis, -1 = none) -> ``jax.sharding.PartitionSpec``

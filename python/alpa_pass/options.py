@@ -216,11 +216,12 @@ class AutoShardingOption:
         opts.tie_repeated_layers = self.tie_repeated_layers
         return opts
 
-    def core_mesh(self, mesh) -> "_core.Mesh":
+    def core_mesh(self, mesh, axis_order=()) -> "_core.Mesh":
         """The C++ core's view of LogicalMesh ``mesh`` under these options: the profile's
-        measured alpha/beta per axis when one is set, else the mesh's own."""
+        measured alpha/beta per axis when one is set, else the mesh's own; ``axis_order``: the
+        plan's (axis names, most major first; empty: mesh order)."""
         profile = cost_profile.resolve(self.profile)
-        return mesh.to_core() if profile is None else profile.core_mesh(mesh)
+        return mesh.to_core(axis_order) if profile is None else profile.core_mesh(mesh, axis_order)
 
     def solve_options(self) -> SolveOptions:
         """HiGHS options of a solve under these options.

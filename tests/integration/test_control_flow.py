@@ -127,9 +127,9 @@ def test_loop_costs_scale_with_the_trip_count():
 
 def test_resharding_edges_sum_to_the_predicted_resharding():
     """``plan.edges.resharding_edges`` lists what the ILP charged: the scan's gradient on 2x4
-    reshards inside its loop body (each such edge weighted by the loop's trip count: L - 1, the
-    backward loop's last iteration runs peeled, ``trace.scan_peel``), and the edges' costs add up
-    to ``plan.predicted["resharding"]``."""
+    reshards inside its loop bodies (each such edge weighted by its loop's trip count: L for the
+    forward loop, L - 1 for the backward one, whose last iteration runs peeled,
+    ``trace.scan_peel``), and the edges' costs add up to ``plan.predicted["resharding"]``."""
     from alpa_pass.driver.jit import make_plan
     from alpa_pass.plan.edges import resharding_edges
 
@@ -140,7 +140,7 @@ def test_resharding_edges_sum_to_the_predicted_resharding():
     assert plan.predicted["resharding"] > 0
     assert sum(e.cost for e in edges) == pytest.approx(plan.predicted["resharding"], rel=1e-9)
     assert [e.cost for e in edges] == sorted((e.cost for e in edges), reverse=True)
-    assert {e.weight for e in edges} <= {1.0, float(L - 1)} and any(e.weight == L - 1 for e in edges)
+    assert {e.weight for e in edges} <= {1.0, float(L - 1), float(L)} and any(e.weight == L - 1 for e in edges)
     for e in edges:
         assert e.cost == e.weight * ap._core.reshard_cost(MESH.to_core(), graph.shape(e.producer), 4.0, e.src, e.dst) > 0
         assert graph.operands(e.consumer)[e.operand] == e.producer

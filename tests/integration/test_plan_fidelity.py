@@ -67,10 +67,9 @@ def test_compiled_collectives_match_plan(config, shape, at_most, attributed):
     summary = summarize(found)
     counts = {k: v["count"] for k, v in summary.items()}
     assert counts["reduce-scatter"] == 0
-    # No collective-permute of any size. (Order-dependent reshards are not priced yet, issue #16:
-    # bench-small's plan had 2 of 512 bytes while the cost model charged a collective over both
-    # axes as one per axis, the loss's take_along_axis reading its indices split over x as split
-    # over (y, x); priced as one flattened collective the plan no longer does that.)
+    # No collective-permute of any size (the core prices the ones a reshard needs in the plan's
+    # axis order, tests/integration/test_reshard_permutes.py; bench-small's plan once had 2 of 512
+    # bytes, the loss's take_along_axis reading its indices split over x as split over (y, x)).
     assert counts["collective-permute"] == 0, summary
     for kinds, n in at_most.items():
         assert sum(counts[kind] for kind in kinds.split("+")) <= n, (kinds, counts)
@@ -119,13 +118,13 @@ def test_moe_dispatch_moves_without_collective_permutes():
     found = list_collectives(compiled.as_text())
     counts = {k: v["count"] for k, v in summarize(found).items()}
     assert 1 <= counts["all-to-all"] <= 5, counts
-    # None of the dispatch moves permutes. jax 0.12.1's program (its softmax lowers differently)
-    # gets a plan whose top-1 and top-2 expert masks are split on x and on y and are both read
-    # split over (x, y): S(x) -> S(x,y) is a slice, S(y) -> S(x,y) reorders the shards, one
-    # collective-permute of 320 bytes (f32[1,16,1,5] per device) that no single axis order avoids
-    # and the cost model, order-blind, does not price. 0.10.2's plan has none.
+    # No collective-permute. jax 0.12.1's program (its softmax lowers differently) got a plan whose
+    # top-1 and top-2 expert masks were split on x and on y and both read split over (x, y):
+    # S(y) -> S(x,y) reorders the tiles, a 320-byte permute the order-blind cost model did not
+    # price. The core now charges it (``reshard_cost`` in the plan's axis order) and the plan
+    # avoids it on both jax versions.
     permutes = [c for c in found if c.kind == "collective-permute"]
-    assert len(permutes) <= 1 and all(c.bytes <= 320 for c in permutes), permutes
+    assert permutes == [], permutes
 
 
 def test_list_collectives_parses_attribution():

@@ -108,19 +108,22 @@ def test_slow_axis_data_fast_axis_megatron():
     #   data parallel on x and y:  4 kernels * 4H^2 B * (1 + 0.1) = 18022
     #   Megatron on x and y:       3 activations * 4BH B * (1 + 0.1) = 54067
     # so the first is optimal (it needs H < B < 12H). The core may refine single layers (e.g. run
-    # the last one batch-split on both axes); the test checks only this structure.
+    # the last ones with the kernel replicated: the model has tied optima, and which one HiGHS
+    # returns may change with the ILP's other columns); the test checks the objective is the first
+    # family's and its structure on the first two layers.
     mesh = ap.LogicalMesh(shape=(2, 2), alpha=(1.0, 1.0), beta=(1.0, 0.1),
                            devices=jax.devices()[:4])
     exe, specs, _ = _plan_mlp(mlp.Config(num_layers=4, hidden=32, batch=128), mesh)
+    assert exe.plan.objective <= 10650 * 1.001, "not the batch-on-x, Megatron-on-y family"
     for spec in _activation_specs(exe.plan, 128, 32):
         assert "x" in helpers.dim_axes(spec, 0, mesh), f"activation batch dim not split on x: {spec}"
     layouts = []
-    for i in range(4):
+    for i in range(2):
         dims = helpers.split_dims(specs[f"[0][0][{i}]['kernel']"], 2, mesh)
         y_dims = [d for d, axes in dims.items() if "y" in axes]
         assert len(y_dims) == 1, f"layer {i} kernel not Megatron-split on y: {dims}"
         layouts.append(y_dims[0])
-    assert all(a != b for a, b in zip(layouts, layouts[1:])), f"y-split dims do not alternate: {layouts}"
+    assert layouts == [1, 0], f"not column- then row-parallel on y: {layouts}"
 
 
 def test_moe_splits_experts_and_uses_all_to_all():

@@ -53,11 +53,11 @@ def test_data_parallel_gpt():
     assert all(d.keys() == {0} and sorted(d[0]) == ["x", "y"] for d in batch.values()), batch
     count = helpers.count(exe.hlo_text())
     assert count["reduce-scatter"] == 0
-    # every gradient is synchronised: all-reduced, or all-gathered in its parameter's shape (the plan
-    # may compute a gradient split over one mesh axis: the tied embedding's, over the vocabulary)
-    shapes = {x.shape for x in jax.tree.leaves(state[0])}
+    # every gradient is synchronised: all-reduced, or computed from values all-gathered over all 8
+    # devices (the plan may compute one split over one mesh axis, e.g. the tied embedding's over the
+    # vocabulary, or sum the position embedding's from its activations' gradient gathered whole)
     gathered = sum(c.bytes for c in helpers.collectives(exe.hlo_text())
-                   if c.kind == "all-gather" and all(s in shapes for s in c.shapes))
+                   if c.kind == "all-gather" and (c.group_size or 8) == 8)
     assert helpers.total_bytes(exe.hlo_text())["all-reduce"] + gathered >= _param_bytes(state)
 
 

@@ -1,6 +1,7 @@
-"""Repeated-layer ties lose nothing on the test models: the tied ILP's optimum equals the untied
-exact optimum (both solved to gap 0; exactly without the 1e-9 tie-breaker weights), layers of
-one parity get the same plan, and a tied plan still computes what single-device jax.jit computes."""
+"""Repeated-layer ties lose (almost) nothing on the test models: the tied ILP's optimum equals the
+untied exact optimum (both solved to gap 0; exactly without the 1e-9 tie-breaker weights; GPT-4 on
+2x4 within 0.7%, see CASES), layers of one parity get the same plan, and a tied plan still computes
+what single-device jax.jit computes."""
 from __future__ import annotations
 
 import jax
@@ -36,29 +37,33 @@ def _optimum(graph, mesh, tie: bool, tie_breakers: bool = True):
     return sol.objective, prob
 
 
+# loss: how much more the tied optimum may cost, relative. 0 but for GPT-4 on 2x4: since the core
+# prices collective-permutes (axis order, s34) its untied optimum gives the first two blocks'
+# weights and Adam moments other layouts than the last two (S1S0R activations, weights split on x
+# in some blocks, replicated in others): 226,163 untied, 227,701 tied (+0.68%).
 CASES = [
-    pytest.param(gpt, gpt.Config(layers=2), (2, 4), id="gpt2-2x4", marks=pytest.mark.slow),
-    pytest.param(gpt, gpt.Config(layers=4), (2, 4), id="gpt4-2x4", marks=pytest.mark.slow),
-    pytest.param(gpt, gpt.Config(layers=3, tied=False), (1, 8), id="gpt3-untied-head-1x8"),
-    pytest.param(gpt, gpt.Config(layers=4), (1, 4), id="gpt4-1x4"),
-    pytest.param(mlp, mlp.Config(num_layers=4, hidden=64, batch=16), (2, 4), id="mlp4-2x4"),
-    pytest.param(mlp, mlp.Config(num_layers=6, hidden=128, batch=32), (1, 8), id="mlp6-1x8"),
+    pytest.param(gpt, gpt.Config(layers=2), (2, 4), 0.0, id="gpt2-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=4), (2, 4), 0.007, id="gpt4-2x4", marks=pytest.mark.slow),
+    pytest.param(gpt, gpt.Config(layers=3, tied=False), (1, 8), 0.0, id="gpt3-untied-head-1x8"),
+    pytest.param(gpt, gpt.Config(layers=4), (1, 4), 0.0, id="gpt4-1x4"),
+    pytest.param(mlp, mlp.Config(num_layers=4, hidden=64, batch=16), (2, 4), 0.0, id="mlp4-2x4"),
+    pytest.param(mlp, mlp.Config(num_layers=6, hidden=128, batch=32), (1, 8), 0.0, id="mlp6-1x8"),
 ]
 
 
-@pytest.mark.parametrize("model,config,mesh_shape", CASES)
-def test_tied_optimum_equals_untied_exact_optimum(model, config, mesh_shape):
+@pytest.mark.parametrize("model,config,mesh_shape,loss", CASES)
+def test_tied_optimum_equals_untied_exact_optimum(model, config, mesh_shape, loss):
     graph = _graph(model, config)
     mesh = ap.LogicalMesh(shape=mesh_shape)
     untied, _ = _optimum(graph, mesh, tie=False, tie_breakers=False)
     tied, prob = _optimum(graph, mesh, tie=True, tie_breakers=False)
-    assert tied == pytest.approx(untied, rel=1e-12)
+    assert untied * (1 - 1e-12) <= tied <= untied * (1 + loss + 1e-12)
     # With the default 1e-9 per FLOP / per byte tie-breakers the MLP's plans may differ in layouts of
     # equal communication cost (a bias and its Adam state split or replicated): < 1e-4, far below
     # the cheapest collective (alpha = 1).
     untied, _ = _optimum(graph, mesh, tie=False)
     tied, _ = _optimum(graph, mesh, tie=True)
-    assert tied == pytest.approx(untied, abs=1e-4)
+    assert untied - 1e-4 <= tied <= untied * (1 + loss) + 1e-4
     st = prob.repeat_stats
     if getattr(config, "layers", getattr(config, "num_layers", 0)) > 2:
         assert st["classes_tied"] > 0 and st["groups_after"] < st["groups_before"]

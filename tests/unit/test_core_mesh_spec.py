@@ -200,9 +200,59 @@ def test_reshard_split_to_replicated_is_all_gather(mesh):
     assert _core.reshard_cost(mesh, [8, 8], 4, [0, 1], [-1, -1]) == pytest.approx(
         mesh.all_gather(full, [0, 1]))
     assert mesh.all_gather(full, [0, 1]) == pytest.approx(2 + 0.5 * (7 / 8) * full)
-    # S01R -> RS1 (dst keeps axis 1 on dim 0): gather over axis 0 of the bytes per device in dst.
+    # S01R -> S0R with axis 0 kept (the major one in mesh order): gather over axis 1 of the bytes
+    # per device in dst.
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, 0], [0, -1]) == pytest.approx(
+        mesh.all_gather(full / 2, 1))
+
+
+def _permuting(order):
+    return _core.Mesh(shape=[2, 4], alpha=ALPHA, beta=BETA, axis_order=order)
+
+
+def test_reshard_keeping_a_minor_axis_of_a_dim_also_permutes(mesh):
+    """XLA tiles a dim split over several axes major to minor (the mesh's axis_order): adding or
+    dropping an axis in front of the ones kept moves every tile (a collective-permute over the
+    dim's axes, of the src tile when dropping, the dst tile when adding), as XLA compiles it (a
+    64x64 f32 on a 2x4 CPU mesh: P('y') -> P(('x','y')) is one collective-permute of the 2,048-byte
+    dst tile; P(('x','y')) -> P('y') one of the src tile, then the all-gather)."""
+    full = 8 * 8 * 4.0
+    permute = mesh.collective_permute(full / 8, [0, 1])
+    assert permute == pytest.approx(2 + 0.5 * full / 8)  # a + b B, the slower axis' alpha, beta
+    # RS1 -> S01R (axis 1 kept on dim 0, axis 0 added in front of it): a slice, then the permute.
+    assert _core.reshard_cost(mesh, [8, 8], 4, [-1, 0], [0, 0]) == pytest.approx(permute)
     assert _core.reshard_cost(mesh, [8, 8], 4, [0, 0], [-1, 0]) == pytest.approx(
-        mesh.all_gather(full / 4, 0))
+        permute + mesh.all_gather(full / 4, 0))
+    # With axis 1 the major one, those are a slice and an all-gather, and axis 0 kept permutes.
+    flipped = _permuting([1, 0])
+    assert flipped.axis_order == [1, 0]
+    assert _core.reshard_cost(flipped, [8, 8], 4, [-1, 0], [0, 0]) == 0.0
+    assert _core.reshard_cost(flipped, [8, 8], 4, [0, 0], [-1, 0]) == pytest.approx(
+        flipped.all_gather(full / 4, 0))
+    assert _core.reshard_cost(flipped, [8, 8], 4, [0, -1], [0, 0]) == pytest.approx(permute)
+    # An axis moved in from another dim behind a kept one: the all-to-all and the permute.
+    assert _core.reshard_cost(mesh, [8, 8], 4, [1, 0], [0, 0]) == pytest.approx(
+        mesh.all_to_all(full / 8, 0) + permute)
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, 1], [0, 0]) == pytest.approx(mesh.all_to_all(full / 8, 1))
+    # Axis 0 sliced in where axis 1 (larger) leaves the dim: XLA permutes the src tile, then
+    # all-gathers; axis 1 sliced in where axis 0 (smaller) leaves: the all-gather alone.
+    src_tile = mesh.collective_permute(full / 4, [0, 1])
+    assert _core.reshard_cost(mesh, [8, 8], 4, [-1, 0], [0, -1]) == pytest.approx(
+        src_tile + mesh.all_gather(full / 2, 1))
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, -1], [-1, 0]) == pytest.approx(mesh.all_gather(full / 4, 0))
+    # Axes swapping dims: the all-to-all, then a permute of the dst tile.
+    assert _core.reshard_cost(mesh, [8, 8], 4, [0, 1], [1, 0]) == pytest.approx(
+        mesh.all_to_all(full / 8, [0, 1]) + permute)
+    # Moved to a free dim: the all-to-all alone.
+    assert _core.reshard_cost(mesh, [8, 8, 8], 4, [0, 1], [2, 1]) == pytest.approx(
+        mesh.all_to_all(8 * full / 8, 0))
+
+
+
+@pytest.mark.parametrize("order", [[0], [0, 0], [1, 2], [0, 1, 2]])
+def test_mesh_rejects_an_axis_order_that_is_no_permutation(order):
+    with pytest.raises(ValueError, match="axis_order must be a permutation"):
+        _permuting(order)
 
 
 def test_reshard_split_to_other_split_is_all_to_all(mesh):

@@ -173,7 +173,7 @@ class _FakePlan:
 
 
 def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
-    objectives = {(1, 8): 8.0, (2, 4): 6.0, (2, 2, 2): 6.0}
+    objectives = {(1, 8): 8.0, (2, 4): 6.0, (4, 2): 7.0, (2, 2, 2): 6.0}
     calls = []
 
     def plan_one(mesh, bound):
@@ -181,15 +181,17 @@ def test_search_keeps_the_cheapest_and_skips_symmetric_repeats():
         return _FakePlan(mesh, objectives[mesh.shape])
 
     best = auto_mesh.search_meshes(auto_mesh.candidate_meshes(8), plan_one)
-    # 4x2 and 8x1 pose the same ILPs as 2x4 and 1x8; each solve is bounded by the best so far
-    assert calls == [((1, 8), None), ((2, 4), 8.0), ((2, 2, 2), 6.0)]
+    # 8x1 poses the same ILP as 1x8 (one axis of 8); 4x2 is 2x4 with the larger axis major, which
+    # a dim split over both tiles the other way round (other collective-permutes): solved. Each
+    # solve is bounded by the best so far.
+    assert calls == [((1, 8), None), ((2, 4), 8.0), ((4, 2), 6.0), ((2, 2, 2), 6.0)]
     assert best.mesh.shape == (2, 4)  # 2x2x2 ties with it: the earlier shape is kept
     assert [(tuple(e["shape"]), e["objective"], e.get("same_as")) for e in best.mesh_search] == [
-        ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 6.0, [2, 4]), ((8, 1), 8.0, [1, 8]),
+        ((1, 8), 8.0, None), ((2, 4), 6.0, None), ((4, 2), 7.0, None), ((8, 1), 8.0, [1, 8]),
         ((2, 2, 2), 6.0, None)]
     assert search_summary(best.mesh_search, (2, 4)) == \
-        "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 = 2x4, 8x1 = 1x8, 2x2x2 6 (cut off)"
-    assert [e.get("cut_off") for e in best.mesh_search] == [False, False, None, None, True]
+        "mesh search: 1x8 8, 2x4 6 (chosen), 4x2 7 (cut off), 8x1 = 1x8, 2x2x2 6 (cut off)"
+    assert [e.get("cut_off") for e in best.mesh_search] == [False, False, True, None, True]
 
 
 def test_search_solves_permutations_with_other_costs_and_survives_infeasible_shapes():

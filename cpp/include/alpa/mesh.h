@@ -19,10 +19,17 @@ struct Mesh {
   std::vector<double> alpha;   // latency per collective on that axis
   std::vector<double> beta;    // cost per byte on that axis
   std::vector<AxesCost> axes_costs = {};  // measured multi-axis groups (see below); may be empty
+  // The order in which a tensor dim split over several axes lists them, most major first (a
+  // permutation of 0..ndim-1; empty: mesh order). XLA tiles such a dim major to minor, so adding
+  // or dropping an axis is one all-gather / all-to-all only when the axes the two layouts keep
+  // lead both; reshard_cost charges a collective-permute otherwise, and the emission writes the
+  // same order (the plan's axis_order).
+  std::vector<int> axis_order = {};
 
   int ndim() const { return static_cast<int>(shape.size()); }
   int64_t num_devices() const;
   void validate() const;  // throws std::invalid_argument (sizes differ, axis < 1, negative costs)
+  std::vector<int> major_to_minor() const;  // axis_order, or 0..ndim-1 when it is empty
 
   // Cost of one collective over mesh axis `axis`; `bytes` = size of the full (gathered / reduced)
   // buffer on each participating device. An axis of size 1 costs 0.
@@ -43,6 +50,8 @@ struct Mesh {
   double all_gather(double bytes, std::span<const int> axes) const;
   double reduce_scatter(double bytes, std::span<const int> axes) const;
   double all_to_all(double bytes, std::span<const int> axes) const;
+  // Every device sends its `bytes` to another device of the group: a + b B.
+  double collective_permute(double bytes, std::span<const int> axes) const;
   // An all-reduce that XLA combines with others into one of `bucket_bytes`: alpha * min(1, bytes /
   // bucket_bytes) (its share of the combined collective's latency) + the bandwidth term above.
   // bucket_bytes <= 0: all_reduce(bytes, axes).

@@ -9,11 +9,13 @@ Meshes with three or more axes of size > 1 are planned over a pruned spec space 
 only "two-block" specs, see docs/core_api.md "Spec enumeration"), which keeps their ILP a few
 times the size of a 2-axis one.
 
-For the same reason as ``(n,)``, shapes that are axis permutations of an earlier shape with the same
-(size, alpha, beta) per non-trivial axis (the costs the core plans with: a measured profile's when
-one is given) — ``8x1`` of ``1x8``, ``4x2`` of ``2x4`` on the default
-uniform alpha/beta — pose the same ILP up to relabelling mesh axes: they are recorded with the
-earlier shape's objective (``"same_as"``) instead of being solved again. Ties keep the earlier shape.
+For the same reason as ``(n,)``, shapes whose non-trivial axes have the same (size, alpha, beta),
+most major first, as an earlier shape's (the costs the core plans with: a measured profile's when
+one is given) — ``8x1`` of ``1x8`` — pose the same ILP up to relabelling mesh axes: they are
+recorded with the earlier shape's objective (``"same_as"``) instead of being solved again. ``4x2``
+is not ``2x4`` relabelled: a dim split over both axes tiles major to minor, so the two price
+different collective-permutes (the core's ``reshard_cost``), and both are solved. Ties keep the
+earlier shape.
 """
 from __future__ import annotations
 
@@ -94,5 +96,7 @@ def search_meshes(meshes, plan_one, core_mesh=None):
 
 
 def _symmetry_key(mesh):
-    """(size, alpha, beta) of the axes of size > 1, sorted (a LogicalMesh or a core Mesh)."""
-    return tuple(sorted((s, a, b) for s, a, b in zip(mesh.shape, mesh.alpha, mesh.beta) if s > 1))
+    """(size, alpha, beta) of the axes of size > 1, most major first (a LogicalMesh: mesh order;
+    a core Mesh: its axis order)."""
+    order = list(getattr(mesh, "axis_order", None) or range(len(mesh.shape)))
+    return tuple((mesh.shape[i], mesh.alpha[i], mesh.beta[i]) for i in order if mesh.shape[i] > 1)

@@ -25,7 +25,6 @@ from alpa_pass.driver.progress import planning_progress
 from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.driver.refine import refine_unmerged
 from alpa_pass.driver.request import PlanRequest
-from alpa_pass.emit.targets import plan_axis_order
 from alpa_pass.errors import InfeasibleError, PlanMismatchError, ShardingError, SolverError
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
@@ -86,7 +85,7 @@ def _plan_one(request: PlanRequest, mesh: LogicalMesh, option: AutoShardingOptio
             plan.memory_budget = budget
             return plan
     plan = solve_graph(request.graph, mesh, option, request.ties, timings, progress, request.pins,
-                       request.pinned_uses)
+                       request.pinned_uses, axis_order=request.axis_order)
     plan.fingerprint = request.fingerprint
     plan.memory_budget = budget
     bound = option.solver_objective_bound
@@ -122,7 +121,7 @@ def core_graph(graph: OpGraph):
 
 def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
                 ties=(), timings: dict | None = None, progress=None, pins=(), pinned_uses=(),
-                tied_infeasible: InfeasibleError | None = None) -> Plan:
+                tied_infeasible: InfeasibleError | None = None, axis_order=()) -> Plan:
     """Build (C++ core) and solve (HiGHS) the sharding ILP of an extracted graph.
 
     ``ties``: (node, node) pairs whose specs must be equal. ``timings`` gains "build" and "solve".
@@ -133,6 +132,10 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     ``tied_infeasible``: the InfeasibleError of the same graph planned with repeated layers tied
     (this call plans them untied): raised again, with the untied plans' lower bound, when that
     bound already exceeds the budget.
+    ``axis_order``: mesh axis names, most major first, in which a dim split over several axes
+    lists them (empty: mesh order). The ILP prices its reshards in that order (the
+    collective-permutes another order implies, see the core's ``reshard_cost``) and the plan's
+    ``axis_order``, which emission writes, is that order.
     """
     timings = {} if timings is None else timings
     where = "x".join(map(str, mesh.shape))
@@ -141,7 +144,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     t = time.perf_counter()
 
     def build(opt):
-        return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh), opt.to_core(), list(ties),
+        return _core.build_sharding_problem(core_graph(graph), opt.core_mesh(mesh, axis_order), opt.to_core(), list(ties),
                                             list(graph.donated_args),
                                             [(int(v), list(s) or [-1] * len(mesh.shape)) for v, s in pins],
                                             list(pinned_uses),
@@ -159,7 +162,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     timings["build"] = time.perf_counter() - t
     if tied_infeasible is not None and _bound_exceeds_budget(problem, option, where, tied_infeasible):
         return _solve_relaxed(graph, mesh, _relaxed(option), ties, timings, progress, pins, pinned_uses,
-                              tied_infeasible)
+                              tied_infeasible, axis_order)
     if progress is not None:
         progress.stage(f"solve ILP (mesh {where}, {problem.ilp.num_cols} columns, {problem.ilp.num_rows} rows)")
     t = time.perf_counter()
@@ -176,14 +179,14 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
             log.info("alpa_pass: no plan keeps every loop-carried value in one layout on mesh %s; "
                      "planning with the %d loop ties dropped", where, len(loop_ties))
             return solve_graph(graph, mesh, option, [t for t in ties if tuple(t) not in loop_ties], timings,
-                               progress, pins, pinned_uses)
+                               progress, pins, pinned_uses, axis_order=axis_order)
         relaxed = _relaxed(option)
         if option.memory_budget_per_device is None or relaxed is None:
             raise
         log.info("alpa_pass: no plan fits the memory budget on mesh %s with %s; planning without",
                  where, _restriction(option))
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
-                              tied_infeasible or e)
+                              tied_infeasible or e, axis_order)
     problem, solution = fit_budgeted_plan(copies, base, problem, solution, option.memory_budget_per_device, rounds,
                                           option.solve_options(), where)
     timings["solve"] = time.perf_counter() - t  # every budgeted round and its rebuilds
@@ -192,7 +195,7 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
     if "time_s" in refinement:
         timings["refine"] = refinement["time_s"]
     plan = build_plan(graph, problem, solution, mesh, timings)
-    plan.order_axes(plan_axis_order(graph, plan, mesh, option.emit), graph)
+    plan.order_axes(axis_order or mesh.axis_names, graph)
     plan.refinement = refinement
     plan.made_with = serialize.made_with(option)
     check_divisible(graph, plan, mesh)
@@ -214,13 +217,14 @@ def _restriction(option: AutoShardingOption) -> str:
     return "repeated layers tied" if option.tie_repeated_layers else "followers merged into their producers"
 
 
-def _solve_relaxed(graph, mesh, option, ties, timings, progress, pins, pinned_uses, infeasible) -> Plan:
+def _solve_relaxed(graph, mesh, option, ties, timings, progress, pins, pinned_uses, infeasible,
+                   axis_order=()) -> Plan:
     """``solve_graph`` on a relaxed problem; a relaxed ILP that stops without a plan (a limit, not
     a proof) re-raises the restricted problem's InfeasibleError, whose least-memory plan is still
     the smallest budget known to be feasible."""
     try:
         return solve_graph(graph, mesh, option, ties, timings, progress, pins, pinned_uses,
-                           tied_infeasible=infeasible)
+                           tied_infeasible=infeasible, axis_order=axis_order)
     except SolverError as stopped:
         smallest = getattr(infeasible, "smallest_feasible_bytes", None)
         if smallest is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
@@ -104,7 +105,7 @@ def _divides(spec, shape, mesh_shape) -> bool:
     return True
 
 
-def reshard_steps(src, dst, shape, mesh_shape) -> list:
+def reshard_steps(src, dst, shape, mesh_shape, cost=None) -> list:
     """The intermediate core specs (tensor dim per mesh axis, -1 = none) of a resharding from
     ``src`` to ``dst`` done as steps XLA's partitioner does directly, neither end included:
     first the local slices ``dst`` adds on axes ``src`` leaves replicated (:func:`slice_first`),
@@ -117,22 +118,38 @@ def reshard_steps(src, dst, shape, mesh_shape) -> list:
     split over y): it replicates the whole tensor, then slices ("Involuntary full
     rematerialization": the full tensor's bytes live on every device); as an all-to-all over y,
     then an all-gather over x, it moves what the plan prices.
+
+    ``cost``: ``cost(a, b)`` of one step (the core's ``reshard_cost`` in the plan's axis order);
+    given, the axes move in the order whose steps cost least (first such in mesh order): moved in
+    mesh order, an axis can land in a dim in front of one that is still to leave it, and XLA
+    permutes the tiles (flax's attention on 2x4, ``[S(y), R, S(x), R] -> [S(x), S(y), R, R]``:
+    x first lands in front of y, a permute; y first, two all-to-alls).
     """
-    steps, cur = [], list(src)
+    head, cur = [], list(src)
     mid = [d if s == -1 else s for s, d in zip(src, dst)]
     if mid != cur and mid != list(dst) and _divides(mid, shape, mesh_shape):
-        steps.append(mid)
+        head.append(mid)
         cur = mid
     if _whole_dim_moves(cur, dst):
-        return steps  # one all-to-all over every axis of the dim (then the gathers, to dst)
-    for axis, (s, d) in enumerate(zip(src, dst)):
-        if s != -1 and d != -1 and s != d:
-            nxt = list(cur)
-            nxt[axis] = d
+        return head  # one all-to-all over every axis of the dim (then the gathers, to dst)
+    moved = [axis for axis, (s, d) in enumerate(zip(src, dst)) if s != -1 and d != -1 and s != d]
+    orders = itertools.permutations(moved) if cost is not None else [moved]
+    best = None
+    for order in orders:
+        steps, at = [], list(cur)
+        for axis in order:
+            nxt = list(at)
+            nxt[axis] = dst[axis]
             if nxt != list(dst) and _divides(nxt, shape, mesh_shape):
                 steps.append(nxt)
-                cur = nxt
-    return steps
+                at = nxt
+        if cost is None:
+            return head + steps
+        path = [cur] + steps + [list(dst)]
+        total = sum(cost(a, b) for a, b in zip(path, path[1:]))
+        if best is None or total < best[0] - 1e-9 * max(1.0, abs(best[0])):
+            best = (total, steps)
+    return head + best[1]
 
 
 def _whole_dim_moves(cur, dst) -> bool:
@@ -197,46 +214,10 @@ def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
     return out
 
 
-def axis_order(graph: OpGraph, specs: dict, uses: dict, axis_names: list) -> tuple:
-    """The mesh axis names, most major first: the order in which a dim split over several mesh
-    axes lists them, in the plan's entry shardings and in every constraint emission writes (one
-    order per plan: ``Plan.axis_order``, set by the planner from this function).
-
-    The plan says which axes split a dim, not in which order; XLA's tiles are major-to-minor.
-    Adding or dropping an axis of a split dim is one all-to-all / all-gather (what the cost model
-    charges) only if the axes the two layouts share are the major ones; otherwise XLA also
-    permutes the whole tensor (a collective-permute). So an axis kept across more resharding edges
-    of the plan (value -> same-shaped consumer value, value -> use-site layout) ranks more major;
-    ties keep mesh order. One global order keeps every pair of layouts consistent. ``specs``:
-    node -> per-dim axis names of the constrained values; ``uses``: (node, operand) -> the
-    use-site layouts (any axis order: only which axes are shared counts).
-    """
-    kept = dict.fromkeys(axis_names, 0)
-
-    def count(src, dst):
-        for s, d in zip(src, dst):
-            if set(s) != set(d) and s and d:
-                for a in set(s) & set(d):
-                    kept[a] += 1
-
-    for v, dims in specs.items():
-        for u in set(graph.operands(v)):
-            if u in specs and graph.shape(u) == graph.shape(v):
-                count(specs[u], dims)
-    for (v, t), dims in uses.items():
-        u = graph.operands(v)[t]
-        if u in specs:
-            count(specs[u], dims)
-    return tuple(sorted(axis_names, key=lambda a: (-kept[a], axis_names.index(a))))
-
-
-_default_axis_order = axis_order  # insert_constraints' parameter of the same name shadows it
-
-
 def order_shared_dims(graph: OpGraph, specs: dict, uses: dict, axis_names: list, order=None) -> tuple:
     """``specs`` and ``uses`` with the axes of each multi-axis dim in ``order`` (axis names, most
-    major first; default: :func:`axis_order` of these specs and uses)."""
-    order = axis_order(graph, specs, uses, axis_names) if not order else tuple(order)
+    major first; default: mesh order)."""
+    order = tuple(order) if order else tuple(axis_names)
     if sorted(order) != sorted(axis_names):
         raise ShardingError(f"axis order {order} is not a permutation of the mesh axes {tuple(axis_names)}")
     rank = {a: i for i, a in enumerate(order)}
@@ -342,8 +323,8 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
       operand_steps: (node id, operand index) -> [dims, ...]: layouts the operand passes through,
         in order, before its use-site layout (``reshard_steps``): one constraint each.
       axis_order: the mesh axis names, most major first, in which a dim split over several axes
-        lists them (a plan's ``axis_order``, which its entry shardings use too); None: decided
-        here by :func:`axis_order` of the requested specs.
+        lists them (a plan's ``axis_order``: the order its reshards were priced in, which its
+        entry shardings use too); None: mesh order.
     Returns:
       An :class:`EmitReport` with counts.
     Raises:
@@ -363,7 +344,7 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
     for (v, t), chain in steps.items():
         for dims in chain:
             _check_spec(graph, graph.operands(v)[t], dims, axes)
-    order = tuple(axis_order) if axis_order else _default_axis_order(graph, specs, uses, list(axes))
+    order = tuple(axis_order) if axis_order else tuple(axes)
     specs, uses = order_shared_dims(graph, specs, uses, list(axes), order)
     rank = {a: i for i, a in enumerate(order)}
     steps = {k: [tuple(tuple(sorted(d, key=rank.__getitem__)) for d in dims) for dims in chain]

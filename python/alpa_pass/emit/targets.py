@@ -6,7 +6,8 @@ reads an operand resharded. Both are per-dim tuples of mesh axis names (``Logica
 """
 from __future__ import annotations
 
-from alpa_pass.emit.constraints import axis_order, reshard_steps, slice_first
+from alpa_pass import _core
+from alpa_pass.emit.constraints import reshard_steps, slice_first
 from alpa_pass.extract.graph import OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
@@ -25,14 +26,6 @@ def constraint_targets(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all
             continue
         out[v] = mesh.dim_axes(plan.node_specs[v], len(graph.shape(v)))
     return out
-
-
-def plan_axis_order(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all") -> tuple:
-    """The axis order (mesh axis names, most major first) of ``plan``'s multi-axis dims:
-    ``emit.constraints.axis_order`` of the values and uses emission constrains. The planner
-    stores it as ``Plan.axis_order``; entry shardings and constraints both follow it."""
-    return axis_order(graph, constraint_targets(graph, plan, mesh, emit), operand_targets(graph, plan, mesh),
-                      list(mesh.axis_names))
 
 
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
@@ -70,10 +63,19 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
             want = plan.operand_specs[v][t]
             if want == plan.node_specs[u] or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
                 continue
-            steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape)
+            steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape,
+                                  _step_cost(mesh, plan, graph, u))
             if steps and (anchor or _moving_reshard(graph, plan, mesh, v, t, steps)):
                 out[(v, t)] = [mesh.dim_axes(s, len(graph.shape(u))) for s in steps]
     return out
+
+
+def _step_cost(mesh: LogicalMesh, plan, graph: OpGraph, u: int):
+    """``cost(a, b)`` of resharding node ``u``'s value between core specs ``a`` and ``b``: the core's
+    ``reshard_cost`` in the plan's axis order (what the planner charged; ``reshard_steps`` orders
+    its steps by it)."""
+    core, shape, nbytes = mesh.to_core(plan.axis_order), list(graph.shape(u)), float(graph.dtype_bytes[u])
+    return lambda a, b: _core.reshard_cost(core, shape, nbytes, list(a), list(b))
 
 
 def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int, steps=None) -> bool:
@@ -90,7 +92,7 @@ def _moving_reshard(graph: OpGraph, plan, mesh: LogicalMesh, v: int, t: int, ste
     if OpKind(int(graph.kind[u])) in (OpKind.GENERATOR, OpKind.PARAMETER):
         return False
     src, want, shape = plan.node_specs[u], plan.operand_specs[v][t], graph.shape(u)
-    steps = reshard_steps(src, want, shape, mesh.shape) if steps is None else steps
+    steps = reshard_steps(src, want, shape, mesh.shape, _step_cost(mesh, plan, graph, u)) if steps is None else steps
     if not steps or steps == [slice_first(src, want, shape, mesh.shape)]:
         return False
     return all(len({d for d in step if d != -1}) == sum(d != -1 for d in step) for step in steps)

@@ -34,7 +34,7 @@ def resharding_edges(plan, graph: OpGraph) -> list[EdgeCost]:
     ``plan.predicted["resharding"]``."""
     from alpa_pass import _core  # the C++ core only when asked (plan/ is imported without it)
 
-    mesh = plan.mesh.to_core()
+    mesh = plan.mesh.to_core(plan.axis_order)
     weights = np.ones(graph.num_nodes) if graph.weights is None else np.asarray(graph.weights)
     out = []
     for v in range(graph.num_nodes):

@@ -45,7 +45,8 @@ class Plan:
       input_specs / output_specs: one ``PartitionSpec`` per argument / output leaf.
       axis_order: the mesh axis names, most major first, in which a dim split over several mesh
         axes lists them, in ``input_specs`` / ``output_specs`` and in every constraint emission
-        writes (``emit.targets.plan_axis_order``; empty: mesh order). Set with :meth:`order_axes`.
+        writes: the order the planner priced its reshards in (``driver.planning.solve_graph``'s
+        ``axis_order``; empty: mesh order). Set with :meth:`order_axes`.
       node_specs: core spec (tensor dim per mesh axis, -1 = none) of every graph node.
       operand_specs: per node, the core spec each operand must have for the chosen strategy.
       choices: a NodeChoice per graph node.
