@@ -99,16 +99,6 @@ std::vector<Spec> enumerate_specs(std::span<const int64_t> shape, const Mesh& me
   return out;
 }
 
-// Per mesh axis a with n > 1 devices, src dim ds = src[a], dst dim dd = dst[a]:
-//   ds == dd or ds == -1 (replicated -> anything): 0, a local slice;
-//   dd == -1 (split -> replicated): all_gather over a;
-//   ds != dd, both split: all_to_all over a.
-// Both collectives are charged with B = bytes of the tensor as held per device in the *dst*
-// layout (full bytes / num_shards(dst)): for the all-gather that is the gathered buffer, for the
-// all-to-all the buffer each device exchanges (split by n on a either way; the other axes as in
-// dst). The axes gathered are charged as one all-gather over all of them, the axes exchanged as
-// one all-to-all (Mesh's multi-axis collectives: gathering a dim split over 8x8 devices moves
-// 63/64 of it, not 2 x 7/8).
 namespace {
 
 // True if the axes of `spec` splitting dim d, in the mesh's axis order, start with every axis
@@ -199,6 +189,17 @@ double reorder_cost(const Mesh& mesh, std::span<const int64_t> shape, double dty
 
 }  // namespace
 
+// Per mesh axis a with n > 1 devices, src dim ds = src[a], dst dim dd = dst[a]:
+//   ds == dd or ds == -1 (replicated -> anything): 0, a local slice;
+//   dd == -1 (split -> replicated): all_gather over a;
+//   ds != dd, both split: all_to_all over a.
+// Both collectives are charged with B = bytes of the tensor as held per device in the *dst*
+// layout (full bytes / num_shards(dst)): for the all-gather that is the gathered buffer, for the
+// all-to-all the buffer each device exchanges (split by n on a either way; the other axes as in
+// dst). The axes gathered are charged as one all-gather over all of them, the axes exchanged as
+// one all-to-all (Mesh's multi-axis collectives: gathering a dim split over 8x8 devices moves
+// 63/64 of it, not 2 x 7/8). Plus, per tensor dim, the collective-permute XLA adds where tiles
+// land on the wrong devices in the mesh's axis order (reorder_cost above).
 double reshard_cost(const Mesh& mesh, std::span<const int64_t> shape, double dtype_bytes,
                     const Spec& src, const Spec& dst) {
   const int rank = static_cast<int>(shape.size());

@@ -20,10 +20,10 @@ struct Mesh {
   std::vector<double> beta;    // cost per byte on that axis
   std::vector<AxesCost> axes_costs = {};  // measured multi-axis groups (see below); may be empty
   // The order in which a tensor dim split over several axes lists them, most major first (a
-  // permutation of 0..ndim-1; empty: mesh order). XLA tiles such a dim major to minor, so adding
-  // or dropping an axis is one all-gather / all-to-all only when the axes the two layouts keep
-  // lead both; reshard_cost charges a collective-permute otherwise, and the emission writes the
-  // same order (the plan's axis_order).
+  // permutation of 0..ndim-1; empty: mesh order). XLA tiles such a dim major to minor, so some
+  // reshards move whole tiles between devices (e.g. adding an axis in front of one kept);
+  // reshard_cost charges those collective-permutes in this order (spec.cc), and the emission
+  // writes the same order (the plan's axis_order).
   std::vector<int> axis_order = {};
 
   int ndim() const { return static_cast<int>(shape.size()); }

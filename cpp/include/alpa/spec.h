@@ -30,7 +30,8 @@ bool spec_in_two_blocks(const Spec& spec, const Mesh& mesh);
 std::vector<Spec> enumerate_specs(std::span<const int64_t> shape, const Mesh& mesh);
 // Cost of turning a tensor laid out as `src` into `dst` (per device, alpha-beta):
 // same: 0; replicated->split: 0 (local slice); split->replicated: all-gather;
-// split on dim a -> split on dim b: all-to-all. Summed over mesh axes.
+// split on dim a -> split on dim b: all-to-all. Summed over mesh axes; plus a collective-permute
+// of a tile per dim whose tiles XLA must move between devices in the mesh's axis_order (spec.cc).
 double reshard_cost(const Mesh& mesh, std::span<const int64_t> shape, double dtype_bytes,
                     const Spec& src, const Spec& dst);
 std::string spec_to_string(const Spec& spec, int rank);  // e.g. "S0R", "S01R", "RR" (Alpa style)
