@@ -72,8 +72,8 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
 
 def _step_cost(mesh: LogicalMesh, plan, graph: OpGraph, u: int):
     """``cost(a, b)`` of resharding node ``u``'s value between core specs ``a`` and ``b``: the core's
-    ``reshard_cost`` in the plan's axis order (what the planner charged; ``reshard_steps`` orders
-    its steps by it)."""
+    ``reshard_cost`` in the plan's axis order, at the mesh's own alpha/beta (a profile's would
+    rescale the axes; ``reshard_steps`` only orders its steps by it)."""
     core, shape, nbytes = mesh.to_core(plan.axis_order), list(graph.shape(u)), float(graph.dtype_bytes[u])
     return lambda a, b: _core.reshard_cost(core, shape, nbytes, list(a), list(b))
 
