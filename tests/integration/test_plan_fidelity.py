@@ -154,7 +154,7 @@ def test_elementwise_reads_that_move_an_axis_compile_without_rematerialization()
     with capture_stderr() as log:
         plan, compiled = plan_and_compile(script["train_step"].__wrapped__, args, ap.LogicalMesh(shape=(2, 4)),
                                           ap.AutoShardingOption())
-    # (only those of inserted constraints, "alpa_pass/value/%N": jax 0.12's XLA also warns on 3
-    # parameters read moved, [R, S(x)] -> [S(x), R], that jax 0.10.2's does not; open, s32 note)
-    assert [w for w in remat_warnings(log[0]) if "alpa_pass/value/" in w] == []
+    # (jax 0.12's XLA also warned on 3 parameters a dot reads moved, [R, S(y)] -> [S(y), R], until
+    # such a use-site chain started from a copy of its own: emit.targets.moves_an_axis)
+    assert remat_warnings(log[0]) == []
     assert plan.emit_report.inserted > 0

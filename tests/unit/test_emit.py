@@ -176,3 +176,27 @@ def test_same_ops_different_shapes_is_a_changed_module(mesh):
     with pytest.raises(EmitError, match=r"has shape \(4, 32\) but @main op 0 result 0 has shape "
                                         r"\(8, 32\)"):
         insert_constraints(other._lowering._hlo, graph, {dot: [("x",), ()]})
+
+
+def _two_reads(w, a, b):
+    return jnp.tanh(a @ w), jnp.sin(b @ w)
+
+
+@pytest.mark.parametrize("last, inserted", [((("y",), ()), 2), ((("x",), ()), 3)])
+def test_uses_of_one_value_share_the_steps_they_have_in_common(mesh, last, inserted):
+    # Both dots read w through [S(y), R] first (a step, then each use's own layout): one
+    # constraint per layout reached, shared where the two chains agree, as XLA's partitioner
+    # shares one reshard of a value between its uses (a private copy per use reshards twice).
+    rng = np.random.default_rng(0)
+    args = tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((16, 8), (4, 16), (4, 16)))
+    graph, lowered = _lower_both(_two_reads, args, mesh)
+    d0, d1 = _nodes(graph, "stablehlo.dot_general")
+    t0, t1 = (graph.operands(d).index(graph.param_nodes()[0]) for d in (d0, d1))
+    step = [("y",), ()]
+    report = insert_constraints(lowered._lowering._hlo, graph, {},
+                                operand_dim_shardings={(d0, t0): [("y",), ()], (d1, t1): list(last)},
+                                operand_steps={(d0, t0): [step], (d1, t1): [step]})
+    assert report.inserted == inserted
+    assert lowered.as_text().count("sdy.sharding_constraint") == inserted
+    for got, want in zip(lowered.compile()(*args), jax.jit(_two_reads)(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

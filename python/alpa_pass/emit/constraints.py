@@ -321,7 +321,9 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
         operand, placed right before the consuming op (the layout the plan reshards the operand
         to for that consumer). Only for nodes whose graph operands are the op's MLIR operands.
       operand_steps: (node id, operand index) -> [dims, ...]: layouts the operand passes through,
-        in order, before its use-site layout (``reshard_steps``): one constraint each.
+        in order, before its use-site layout (``reshard_steps``): one constraint each. Uses in one
+        block that read one value through the same layouts share those constraints (one
+        reshard in XLA, as a value's own uses share its partitioner's reshard cache).
       axis_order: the mesh axis names, most major first, in which a dim split over several axes
         lists them (a plan's ``axis_order``: the order its reshards were priced in, which its
         entry shardings use too); None: mesh order.
@@ -366,12 +368,17 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
                 c = sdy.ShardingConstraintOp(value, attr(dims), ip=ir.InsertionPoint(next_op))
             value.replace_all_uses_except(c.result, c.operation)
             report.inserted += 1
+        made: dict = {}  # (block, value, layouts so far) -> the constraint that reaches them
         for op, t, dims, v in use_targets:  # after value constraints: wrap what the op now reads
-            value = op.operands[t]
+            value, block, done = op.operands[t], op.operation.block, ()
             with constraint_location(v, t):
                 for step in [*steps.get((v, t), ()), dims]:
-                    value = sdy.ShardingConstraintOp(value, attr(step), ip=ir.InsertionPoint(op)).result
-                    report.inserted += 1
+                    done += (step,)
+                    key = (block, op.operands[t], done)
+                    if key not in made:  # (uses come in block order: the first one dominates)
+                        made[key] = sdy.ShardingConstraintOp(value, attr(step), ip=ir.InsertionPoint(op)).result
+                        report.inserted += 1
+                    value = made[key]
             op.operands[t] = value
     try:
         module.operation.verify()

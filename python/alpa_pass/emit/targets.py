@@ -6,6 +6,8 @@ reads an operand resharded. Both are per-dim tuples of mesh axis names (``Logica
 """
 from __future__ import annotations
 
+import collections
+
 from alpa_pass import _core
 from alpa_pass.emit.constraints import reshard_steps, slice_first
 from alpa_pass.extract.graph import OpGraph, OpKind
@@ -56,18 +58,40 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     anchor op, or a moving one on another op: ``_moving_reshard``), the layouts its resharding
     passes through first (``emit.constraints.reshard_steps``), where it is more than one step XLA
     does directly."""
+    anchor_reads = collections.defaultdict(list)  # node -> the anchors that read it, in its own layout
+    for v in range(graph.num_nodes):
+        if OpKind(int(graph.kind[v])) in USE_SITE_KINDS:
+            for t, u in enumerate(graph.operands(v)):
+                if plan.operand_specs[v][t] == plan.node_specs[u]:
+                    anchor_reads[u].append(v)
     out = {}
     for v in range(graph.num_nodes):
         anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS
         for t, u in enumerate(graph.operands(v)):
-            want = plan.operand_specs[v][t]
-            if want == plan.node_specs[u] or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
+            src, want = plan.node_specs[u], plan.operand_specs[v][t]
+            if want == src or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
                 continue
-            steps = reshard_steps(plan.node_specs[u], want, graph.shape(u), mesh.shape,
-                                  _step_cost(mesh, plan, graph, u))
-            if steps and (anchor or _moving_reshard(graph, plan, mesh, v, t, steps)):
+            steps = reshard_steps(src, want, graph.shape(u), mesh.shape, _step_cost(mesh, plan, graph, u))
+            if not (anchor or (steps and _moving_reshard(graph, plan, mesh, v, t, steps))):
+                continue
+            if moves_an_axis(src, (steps or [want])[0]) and any(w != v for w in anchor_reads[u]):
+                steps = [src, *steps]
+            if steps:
                 out[(v, t)] = [mesh.dim_axes(s, len(graph.shape(u))) for s in steps]
     return out
+
+
+def moves_an_axis(src, dst) -> bool:
+    """Whether resharding core spec ``src`` to ``dst`` moves a mesh axis from one tensor dim to
+    another (an all-to-all). Where another anchor (a dot, ...) reads the value in ``src``, such a
+    use-site chain starts with a copy in ``src`` itself: XLA's partitioner in jax >= 0.11,
+    resharding a value that a dot has already read in ``src``, finds no all-to-all ("Involuntary
+    full rematerialization": 2x4, ``[R, S(y)] -> [S(y), R]``, a Haiku attention weight read by
+    its forward and its backward dots); from a copy that only this use reads, it does (jax 0.10.2
+    does either). Not everywhere: XLA shares one reshard of a value between the uses that want
+    the same layout, and a private copy makes the other uses reshard again (the MoE on 2x4: one
+    more all-to-all)."""
+    return any(s != -1 and d != -1 and s != d for s, d in zip(src, dst))
 
 
 def _step_cost(mesh: LogicalMesh, plan, graph: OpGraph, u: int):
