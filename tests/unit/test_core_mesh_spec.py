@@ -248,6 +248,21 @@ def test_reshard_keeping_a_minor_axis_of_a_dim_also_permutes(mesh):
         mesh.all_to_all(8 * full / 8, 0))
 
 
+def test_three_axis_permutes_compare_the_axes_entering_and_leaving_a_dim_together():
+    """On a 2-D mesh one axis enters a dim and one leaves; on 2x2x2 several do, and XLA permutes by
+    the sizes of the groups (tests/integration/test_reshard_permutes.py compiles every pair)."""
+    cube = _core.Mesh(shape=[2, 2, 2], alpha=[1.0] * 3, beta=[0.5] * 3)
+    full = 8 * 8 * 4.0
+    # S12R -> S0R: axis 0 (2 devices) sliced in while axes 1, 2 (4) are gathered: the src tile
+    # moves (a pairwise comparison, 2 < 2, saw none).
+    assert _core.reshard_cost(cube, [8, 8], 4, [-1, 0, 0], [0, -1, -1]) == pytest.approx(
+        cube.collective_permute(full / 4, [0, 1, 2]) + cube.all_gather(full / 2, [1, 2]))
+    # S01S2 -> RS01: axes 0, 1 (4 devices) brought into dim 1 while axis 2 (2) leaves it: XLA
+    # gathers z, then exchanges the whole dim, no permute (pairwise, 2 <= 2 charged one).
+    assert _core.reshard_cost(cube, [8, 8], 4, [0, 0, 1], [1, 1, -1]) == pytest.approx(
+        cube.all_gather(full / 4, 2) + cube.all_to_all(full / 4, [0, 1]))
+
+
 
 @pytest.mark.parametrize("order", [[0], [0, 0], [1, 2], [0, 1, 2]])
 def test_mesh_rejects_an_axis_order_that_is_no_permutation(order):
