@@ -33,6 +33,11 @@ ZOO = {
     "flax linen recurrent (`nn.RNN` over `OptimizedLSTMCell`, `Bidirectional` GRU: scans over time)": "train_flax_rnn.py",
     "jax + optax, typed dropout key": "train_dropout_key.py",
     "jax, step is the first computation": "train_first_jit.py",
+    "flax linen, MaxText style: bf16 compute, `nn.remat` policy, gradient accumulation by `lax.scan` in the step": "train_accum_bf16.py",
+    "flax NNX MNIST tutorial (`nnx.Conv`, `MultiMetric` updated in train and eval steps)": "train_nnx_mnist.py",
+    "Keras 3 custom JAX loop (`stateless_call`, `stateless_apply` in `jax.jit`)": "train_keras_stateless.py",
+    "optax `contrib.muon` (Newton-Schulz on each update)": "train_muon.py",
+    "Equinox stateful (`make_with_state`, `BatchNorm`, `Conv2d`)": "train_equinox_bn.py",
 }
 ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 

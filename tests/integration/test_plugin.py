@@ -238,7 +238,8 @@ def test_typed_prng_key_step_is_planned_once():
 
 
 @pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
-    "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py"))])
+    "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
+    "train_muon.py", "train_equinox_bn.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
@@ -246,7 +247,9 @@ def test_library_training_loops_plan_the_step(script):
     TrainState init (lm1b style: the init's outputs arrive committed to the init's plan, which
     alpa_pass owns and reshards on entry); Equinox (filter_jit, typed keys, Dropout); Keras 3
     ``model.fit`` over 3 epochs (its step re-lowered with renumbered, re-ordered helpers); optax
-    ``MultiSteps`` gradient accumulation (the update under a ``lax.cond``). The
+    ``MultiSteps`` gradient accumulation (the update under a ``lax.cond``); Keras 3's custom JAX
+    loop (``stateless_call`` / ``stateless_apply`` in a ``jax.jit``); optax's Muon (Newton-Schulz
+    iterations on each update); Equinox with ``BatchNorm`` state (``make_with_state``). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)
