@@ -38,6 +38,7 @@ ZOO = {
     "Keras 3 custom JAX loop (`stateless_call`, `stateless_apply` in `jax.jit`)": "train_keras_stateless.py",
     "optax `contrib.muon` (Newton-Schulz on each update)": "train_muon.py",
     "Equinox stateful (`make_with_state`, `BatchNorm`, `Conv2d`)": "train_equinox_bn.py",
+    "flax linen, the whole training loop in one jit (`lax.scan` over steps, PureJaxRL style)": "train_scan_loop.py",
 }
 ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 

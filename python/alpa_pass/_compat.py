@@ -239,6 +239,14 @@ def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
     return names
 
 
+def has_subjaxprs(closed_jaxpr) -> bool:
+    """Whether any equation of ``closed_jaxpr`` (or an open jaxpr) holds a jaxpr of its own: a
+    call (pjit, custom_jvp_call, ...), a loop or a conditional."""
+    from jax._src import core
+
+    return next(iter(core.subjaxprs(getattr(closed_jaxpr, "jaxpr", closed_jaxpr))), None) is not None
+
+
 def scan_operands(params: dict, invals: list) -> tuple[list, list, list]:
     """(consts, carry, xs) of a ``scan`` equation's operands. jax < 0.12 counts them in
     ``num_consts`` / ``num_carry``; jax 0.12 describes the three groups by a flat tree ``ft_in``."""

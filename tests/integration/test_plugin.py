@@ -237,7 +237,7 @@ def test_typed_prng_key_step_is_planned_once():
     assert all(p["devices"] == 8 for p in out["params"])
 
 
-@pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
+@pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", "train_scan_loop.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
     "train_muon.py", "train_equinox_bn.py"))])
 def test_library_training_loops_plan_the_step(script):
@@ -249,7 +249,9 @@ def test_library_training_loops_plan_the_step(script):
     ``model.fit`` over 3 epochs (its step re-lowered with renumbered, re-ordered helpers); optax
     ``MultiSteps`` gradient accumulation (the update under a ``lax.cond``); Keras 3's custom JAX
     loop (``stateless_call`` / ``stateless_apply`` in a ``jax.jit``); optax's Muon (Newton-Schulz
-    iterations on each update); Equinox with ``BatchNorm`` state (``make_with_state``). The
+    iterations on each update); Equinox with ``BatchNorm`` state (``make_with_state``); the whole
+    training loop in one jit, a ``lax.scan`` over steps (its program one equation: it was taken
+    for an eager op and ran untouched). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)

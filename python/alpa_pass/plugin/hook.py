@@ -35,8 +35,6 @@ log = logging.getLogger("alpa_pass")
 
 HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 # Primitives through which the user states shardings or devices inside the computation.
-CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                             "custom_vjp_call"})
 SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put", "xla_pmap"})
 
 
@@ -148,7 +146,8 @@ class LoweringHook:
         if effects:
             return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
         eqns = closed_jaxpr.jaxpr.eqns
-        if len(eqns) < 2 and not (eqns and eqns[0].primitive.name in CALL_PRIMITIVES):
+        if len(eqns) < 2 and not _compat.has_subjaxprs(closed_jaxpr):
+            # (one call, scan, while or cond is a whole program: a training loop in one jit)
             return "a single operation (eager op)"
         size = sum(_aval_bytes(a) for a in (*closed_jaxpr.in_avals, *closed_jaxpr.out_avals))
         if size < self.config.min_bytes:

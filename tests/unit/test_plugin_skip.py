@@ -1,0 +1,44 @@
+"""plugin.hook.LoweringHook.skip_reason: which jitted computations run untouched."""
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from alpa_pass import _compat
+from alpa_pass.plugin.config import PluginConfig
+from alpa_pass.plugin.hook import LoweringHook
+
+N = 256  # a 256x256 f32 is 256 KiB: three of them pass min_bytes below
+
+
+def _reason(fn, *args):
+    hook = LoweringHook(PluginConfig(min_bytes=1 << 18))
+    closed = jax.make_jaxpr(fn)(*args)
+    kwargs = {"context_mesh": types.SimpleNamespace(empty=True)}
+    return hook.skip_reason(closed, "jit", [_compat.unspecified()] * len(closed.out_avals), kwargs)
+
+
+@pytest.fixture(scope="module")
+def w():
+    return jnp.ones((N, N))
+
+
+def test_one_primitive_is_an_eager_op(w):
+    assert _reason(jnp.dot, w, w) == "a single operation (eager op)"
+
+
+@pytest.mark.parametrize("program", [
+    lambda w, x: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=3)[0],
+    lambda w, x: jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c @ w), x),
+    lambda w, x: jax.jit(lambda a, b: jnp.tanh(a @ b))(x, w),
+], ids=["scan", "fori_loop", "jit"])
+def test_one_loop_or_call_is_a_program(w, program):
+    # (a whole training loop in one jit is a single scan equation: it ran untouched before s35)
+    assert len(jax.make_jaxpr(program)(w, w).jaxpr.eqns) == 1
+    assert _reason(program, w, w) is None
+
+
+def test_a_loop_without_a_dot_is_still_no_program_to_plan(w):
+    assert _reason(lambda x: jax.lax.fori_loop(0, 3, lambda i, c: jnp.sin(c), x), w) == \
+        "no dot or convolution (an initialiser or elementwise helper)"
