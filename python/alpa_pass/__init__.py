@@ -34,12 +34,15 @@ _EXPORTS = {
     "save_checkpoint": "alpa_pass.checkpoint", "restore_checkpoint": "alpa_pass.checkpoint",
     "CheckpointError": "alpa_pass.errors",
     "profile_cluster": "alpa_pass.tools.profile",
+    "init": "alpa_pass.cluster", "shutdown": "alpa_pass.cluster",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name in ("testing", "util"):  # Alpa's submodules: alpa.testing.assert_allclose, alpa.util.benchmark_func
+        return importlib.import_module(f"alpa_pass.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'alpa_pass' has no attribute {name!r}")
@@ -55,6 +58,7 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
     from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
+    from alpa_pass.cluster import init, shutdown  # noqa: F401
     from alpa_pass.errors import (AlpaPassError, ArgumentError, CheckpointError, CompileError,  # noqa: F401
                                   EmitError, ExtractError, InfeasibleError, MeshError, OptionError,
                                   PlanMismatchError, ShardingError, SolverError, TraceError)

@@ -61,6 +61,14 @@ class ParallelizedFunction:
         """Plan and compile for these arguments (arrays or ``jax.ShapeDtypeStruct``s); run nothing."""
         return self._lookup(args)[0]
 
+    def preshard_dynamic_args(self, *args):
+        """Alpa's name: the dynamic (non-static) arguments, as a tuple, placed in the layouts the
+        executable for ``args`` reads them in (planned and compiled first if new), so that timed
+        calls leave out the transfers. A pipeline's (``PipeshardParallel``) come back as they
+        are: it places its inputs per stage at each call."""
+        exe, leaves, treedef = self._lookup(args)
+        return jax.tree.unflatten(treedef, exe.place_flat(leaves, treedef))
+
     def _lookup(self, args):
         """(the executable for ``args``, planned and compiled on first sight; the dynamic
         arguments' leaves and treedef). Runs on every call: keep it cheap."""

@@ -51,11 +51,18 @@ def donated():
         jax.device_put = put
     s3, l3 = step(s2, batches[2])
     return dict(ref=ref, got=(s3, [float(l1), float(l2), float(l3)]), exe=exe, fed=fed, moved=set(moved),
-                state=s3)
+                state=s3, step=step, batch=batches[2])
 
 
 def test_donated_steps_match_single_device(donated):
     assert_same_run(donated["ref"], donated["got"])
+
+
+def test_preshard_leaves_a_pipelines_arguments_as_they_are(donated):
+    # (Alpa's preshard_dynamic_args: a pipeline places its inputs per stage at each call)
+    args = (donated["state"], donated["batch"])
+    placed = donated["step"].preshard_dynamic_args(*args)
+    assert all(a is b for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(args)))
 
 
 def test_donated_state_is_deleted(donated):

@@ -40,11 +40,15 @@ class Executable:
 
     def call_flat(self, leaves, treedef):
         """``self(*jax.tree.unflatten(treedef, leaves))`` without flattening the arguments again."""
+        return self._compiled(*jax.tree.unflatten(treedef, self.place_flat(leaves, treedef)))
+
+    def place_flat(self, leaves, treedef) -> list:
+        """The argument leaves placed in the layouts the step reads them in (those already there
+        are returned as they are)."""
         if treedef != self._in_treedef:
             raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}; "
                             f"call the parallelized function (it plans each new structure) instead")
-        placed = [self._place(x, s) for x, s in zip(leaves, self.input_shardings)]
-        return self._compiled(*jax.tree.unflatten(treedef, placed))
+        return [self._place(x, s) for x, s in zip(leaves, self.input_shardings)]
 
     @staticmethod
     def _place(x, sharding):
@@ -61,8 +65,19 @@ class Executable:
         """The SPMD-partitioned, optimized HLO of the compiled step (per-device shapes)."""
         return self._compiled.as_text()
 
+    def get_hlo_text(self) -> str:
+        """Alpa's name for :meth:`hlo_text`."""
+        return self.hlo_text()
+
     def memory_analysis(self):
         return self._compiled.memory_analysis()
+
+    def get_total_allocation_size(self) -> int:
+        """Alpa's figure: bytes XLA allocates per device for one call, arguments + outputs +
+        temporaries, less the outputs that reuse donated arguments (``memory_analysis()``)."""
+        m = self._compiled.memory_analysis()
+        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                   - m.alias_size_in_bytes)
 
     def cost_analysis(self):
         return self._compiled.cost_analysis()

@@ -65,6 +65,13 @@ class PipeshardExecutable:
             return jax.tree.unflatten(self.program.traced.out_tree, outs)
         return jax.tree.unflatten(split.out_tree, join_outputs(split, outs, self._transfer))
 
+    def place_flat(self, leaves, treedef) -> list:
+        """The argument leaves as they are: a pipeline places its inputs per stage and per
+        micro-batch at each call (``ParallelizedFunction.preshard_dynamic_args``)."""
+        if treedef != self._in_treedef:
+            raise TypeError(f"this executable was planned for arguments {self._in_treedef}, got {treedef}")
+        return list(leaves)
+
     def _transfer(self, xs, shardings) -> list:
         """``xs`` placed with ``shardings`` under the method's transfer mode."""
         return transfer_many(xs, shardings, self.program.method.transfer)

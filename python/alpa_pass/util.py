@@ -1,0 +1,35 @@
+"""``benchmark_func``: Alpa's timing loop (``alpa.util.benchmark_func``), for scripts that time a
+parallelized step the way Alpa's tutorials do. It only measures; no plan depends on it."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+
+def benchmark_func(run_func, sync_func=None, warmup: int = 1, repeat: int = 3, number: int = 5,
+                   min_repeat_second: float | None = None) -> np.ndarray:
+    """Seconds per call of ``run_func``: ``warmup`` untimed calls, then ``repeat`` rounds of
+    ``number`` calls each, ``sync_func`` (e.g. waiting for the devices) ending each round inside
+    its time. With ``min_repeat_second``, ``number`` grows so that a round lasts about that long
+    (measured on one more round). Returns the ``repeat`` per-call times."""
+    if repeat < 1 or number < 1 or warmup < 0:
+        raise ValueError(f"benchmark_func needs repeat >= 1, number >= 1, warmup >= 0 "
+                         f"(got {repeat}, {number}, {warmup})")
+
+    def round_time(n):
+        tic = time.perf_counter()
+        for _ in range(n):
+            run_func()
+        if sync_func is not None:
+            sync_func()
+        return time.perf_counter() - tic
+
+    for _ in range(warmup):
+        run_func()
+    if sync_func is not None:
+        sync_func()
+    if min_repeat_second:
+        number = max(number, math.ceil(min_repeat_second / max(round_time(number) / number, 1e-9)))
+    return np.array([round_time(number) / number for _ in range(repeat)])
