@@ -36,7 +36,7 @@ ZOO = {
     "flax linen, MaxText style: bf16 compute, `nn.remat` policy, gradient accumulation by `lax.scan` in the step": "train_accum_bf16.py",
     "flax NNX MNIST tutorial (`nnx.Conv`, `MultiMetric` updated in train and eval steps)": "train_nnx_mnist.py",
     "Keras 3 custom JAX loop (`stateless_call`, `stateless_apply` in `jax.jit`)": "train_keras_stateless.py",
-    "optax `contrib.muon` (Newton-Schulz on each update)": "train_muon.py",
+    "flax linen + optax `contrib.muon` (Newton-Schulz on each update, `TrainState`)": "train_muon.py",
     "Equinox stateful (`make_with_state`, `BatchNorm`, `Conv2d`)": "train_equinox_bn.py",
     "flax linen, the whole training loop in one jit (`lax.scan` over steps, PureJaxRL style)": "train_scan_loop.py",
 }

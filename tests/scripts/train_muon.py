@@ -1,48 +1,50 @@
-"""A plain jax + optax MLP trained with ``optax.contrib.muon`` (Newton-Schulz orthogonalisation of
-each 2-D update: matmuls of the update with itself inside the optimizer). It knows nothing of
+"""A flax linen residual MLP trained with ``optax.contrib.muon`` through a ``TrainState``: Muon
+orthogonalises each 2-D update by Newton-Schulz iterations (matmuls of the update with itself
+inside the optimizer), the LayerNorm scales and biases get its Adam fallback. It knows nothing of
 alpa_pass. Prints one JSON line: the losses and, per parameter leaf, the devices its sharding
 spans and its spec."""
 import json
 
+import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
+from flax.training import train_state
 
-LAYERS, HIDDEN, BATCH, STEPS = 3, 256, 64, 4
-optimizer = optax.contrib.muon(1e-2)
+WIDTH, BLOCKS, BATCH, STEPS = 256, 2, 64, 4
 
 
-def loss_fn(params, x, y):
-    for i, layer in enumerate(params):
-        x = x @ layer["kernel"] + layer["bias"]
-        if i + 1 < len(params):
-            x = jnp.tanh(x)
-    return jnp.mean((x - y) ** 2)
+class ResidualMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(BLOCKS):
+            x = x + nn.Dense(WIDTH)(nn.gelu(nn.Dense(2 * WIDTH)(nn.LayerNorm()(x))))
+        return nn.Dense(1)(x)[:, 0]
 
 
 @jax.jit
-def train_step(params, opt_state, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+def train_step(state, x, y):
+    def loss_fn(params):
+        return ((state.apply_fn({"params": params}, x) - y) ** 2).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss
 
 
 def main():
-    keys = jax.random.split(jax.random.key(0), LAYERS)
-    params = [{"kernel": jax.random.normal(k, (HIDDEN, HIDDEN), jnp.float32) / np.sqrt(HIDDEN),
-               "bias": jnp.zeros((HIDDEN,), jnp.float32)} for k in keys]
-    opt_state = optimizer.init(params)
+    model = ResidualMLP()
+    params = model.init(jax.random.key(0), np.zeros((BATCH, WIDTH), np.float32))["params"]
+    state = train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                          tx=optax.contrib.muon(learning_rate=1e-2))
     rng = np.random.default_rng(0)
     losses = []
     for _ in range(STEPS):
-        x = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
-        y = rng.standard_normal((BATCH, HIDDEN), dtype=np.float32)
-        params, opt_state, loss = train_step(params, opt_state, x, y)
+        x = rng.standard_normal((BATCH, WIDTH), dtype=np.float32)
+        state, loss = train_step(state, x, np.tanh(x[:, :8].sum(-1)))
         losses.append(float(loss))
     print(json.dumps({"losses": losses, "params": [
-        {"devices": len(l.sharding.device_set), "spec": str(getattr(l.sharding, "spec", None))}
-        for l in jax.tree.leaves(params)]}))
+        {"devices": len(leaf.sharding.device_set), "spec": str(getattr(leaf.sharding, "spec", None))}
+        for leaf in jax.tree.leaves(state.params)]}))
 
 
 if __name__ == "__main__":
