@@ -12,11 +12,11 @@ from alpa_pass.plugin.hook import LoweringHook
 N = 256  # a 256x256 f32 is 256 KiB: three of them pass min_bytes below
 
 
-def _reason(fn, *args):
+def _reason(fn, *args, fun_name="step"):
     hook = LoweringHook(PluginConfig(min_bytes=1 << 18))
     closed = jax.make_jaxpr(fn)(*args)
     kwargs = {"context_mesh": types.SimpleNamespace(empty=True)}
-    return hook.skip_reason(closed, "jit", [_compat.unspecified()] * len(closed.out_avals), kwargs)
+    return hook.skip_reason(closed, "jit", [_compat.unspecified()] * len(closed.out_avals), kwargs, fun_name)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,12 @@ def test_one_loop_or_call_is_a_program(w, program):
     # (a whole training loop in one jit is a single scan equation: it ran untouched before s35)
     assert len(jax.make_jaxpr(program)(w, w).jaxpr.eqns) == 1
     assert _reason(program, w, w) is None
+
+
+def test_a_loop_called_eagerly_is_an_eager_op(w):
+    # jax compiles an eager lax.scan / fori_loop as a jit named after the primitive
+    loop = lambda w, x: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=3)[0]  # noqa: E731
+    assert _reason(loop, w, w, fun_name="scan") == "a single operation (eager op)"
 
 
 def test_a_loop_without_a_dot_is_still_no_program_to_plan(w):

@@ -91,7 +91,7 @@ class LoweringHook:
         args = (closed_jaxpr, api_name, fun_name, in_shardings, out_shardings, in_layouts,
                 out_layouts, donated_invars)
         reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else \
-            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs)
+            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs, fun_name)
         if reason is None:
             # (a step traced again under our mesh makes tanh's 1 as a reshard: folded, the same
             # program as its first trace, one plan and one executable for both)
@@ -132,8 +132,11 @@ class LoweringHook:
         """Every computation planned (or whose planning failed) so far, in order."""
         return [e for variants in self._cache.values() for e in variants]
 
-    def skip_reason(self, closed_jaxpr, api_name, out_shardings, kwargs) -> str | None:
-        """Why this computation is lowered untouched, or None when it is (or may be) planned."""
+    def skip_reason(self, closed_jaxpr, api_name, out_shardings, kwargs, fun_name=None) -> str | None:
+        """Why this computation is lowered untouched, or None when it is (or may be) planned.
+
+        ``fun_name``: the jitted function's name; jax names an eager primitive's computation
+        after the primitive (an eager ``lax.scan`` is a jit named "scan")."""
         if api_name != "jit":
             return f"api {api_name}"
         if kwargs.get("lowering_platforms") is not None or kwargs.get("pgle_profiler") is not None:
@@ -146,8 +149,9 @@ class LoweringHook:
         if effects:
             return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
         eqns = closed_jaxpr.jaxpr.eqns
-        if len(eqns) < 2 and not _compat.has_subjaxprs(closed_jaxpr):
-            # (one call, scan, while or cond is a whole program: a training loop in one jit)
+        if len(eqns) < 2 and (not _compat.has_subjaxprs(closed_jaxpr) or eqns[0].primitive.name == fun_name):
+            # (one call, scan, while or cond that the user jitted is a whole program: a training
+            # loop in one jit; called eagerly, jax names its jit after the primitive)
             return "a single operation (eager op)"
         size = sum(_aval_bytes(a) for a in (*closed_jaxpr.in_avals, *closed_jaxpr.out_avals))
         if size < self.config.min_bytes:
