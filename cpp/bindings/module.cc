@@ -127,6 +127,10 @@ void bind_mesh_spec(nb::module_& m) {
       .def_ro("axis_order", &Mesh::axis_order)
       .def_ro("alpha", &Mesh::alpha)
       .def_ro("beta", &Mesh::beta)
+      .def_rw("all_gather_forbidden", &Mesh::all_gather_forbidden,
+              "Every all-gather over an axis of size > 1 costs 1e13 (Alpa's allow_all_gather=False).")
+      .def_rw("all_to_all_forbidden", &Mesh::all_to_all_forbidden,
+              "Every all-to-all over an axis of size > 1 costs 1e13 (Alpa's allow_all_to_all=False).")
       .def_prop_ro("axes_costs", [](const Mesh& mesh) {
         std::vector<std::tuple<std::vector<int>, double, double>> out;
         for (const AxesCost& c : mesh.axes_costs) out.emplace_back(c.axes, c.alpha, c.beta);

@@ -147,6 +147,7 @@ double Mesh::combined_all_reduce(double bytes, std::span<const int> axes,
 
 double Mesh::all_gather(double bytes, std::span<const int> axes) const {
   const Group g = flattened(*this, axes);
+  if (all_gather_forbidden && g.n > 1.0) return kForbiddenCollectiveCost;
   return group_collective(g, bytes, (g.n - 1.0) / g.n);
 }
 
@@ -157,6 +158,7 @@ double Mesh::reduce_scatter(double bytes, std::span<const int> axes) const {
 
 double Mesh::all_to_all(double bytes, std::span<const int> axes) const {
   const Group g = flattened(*this, axes);
+  if (all_to_all_forbidden && g.n > 1.0) return kForbiddenCollectiveCost;
   return group_collective(g, bytes, (g.n - 1.0) / (g.n * g.n) * (g.n / 2.0));
 }
 

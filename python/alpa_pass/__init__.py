@@ -35,6 +35,9 @@ _EXPORTS = {
     "CheckpointError": "alpa_pass.errors",
     "profile_cluster": "alpa_pass.tools.profile",
     "init": "alpa_pass.cluster", "shutdown": "alpa_pass.cluster",
+    "DeviceCluster": "alpa_pass.cluster", "get_global_cluster": "alpa_pass.cluster",
+    "get_global_physical_mesh": "alpa_pass.cluster", "get_global_virtual_physical_mesh": "alpa_pass.cluster",
+    "PhysicalDeviceMesh": "alpa_pass.physical_mesh", "LocalPhysicalDeviceMesh": "alpa_pass.physical_mesh",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,7 +61,9 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
     from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
-    from alpa_pass.cluster import init, shutdown  # noqa: F401
+    from alpa_pass.cluster import (DeviceCluster, get_global_cluster, get_global_physical_mesh,  # noqa: F401
+                                   get_global_virtual_physical_mesh, init, shutdown)
+    from alpa_pass.physical_mesh import LocalPhysicalDeviceMesh, PhysicalDeviceMesh  # noqa: F401
     from alpa_pass.errors import (AlpaPassError, ArgumentError, CheckpointError, CompileError,  # noqa: F401
                                   EmitError, ExtractError, InfeasibleError, MeshError, OptionError,
                                   PlanMismatchError, ShardingError, SolverError, TraceError)

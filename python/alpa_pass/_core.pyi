@@ -34,6 +34,24 @@ class Mesh:
     def beta(self) -> list[float]: ...
 
     @property
+    def all_gather_forbidden(self) -> bool:
+        """
+        Every all-gather over an axis of size > 1 costs 1e13 (Alpa's allow_all_gather=False).
+        """
+
+    @all_gather_forbidden.setter
+    def all_gather_forbidden(self, arg: bool, /) -> None: ...
+
+    @property
+    def all_to_all_forbidden(self) -> bool:
+        """
+        Every all-to-all over an axis of size > 1 costs 1e13 (Alpa's allow_all_to_all=False).
+        """
+
+    @all_to_all_forbidden.setter
+    def all_to_all_forbidden(self, arg: bool, /) -> None: ...
+
+    @property
     def axes_costs(self) -> list[tuple[list[int], float, float]]: ...
 
     @property

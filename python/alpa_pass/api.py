@@ -48,6 +48,7 @@ class ParallelizedFunction:
         self.donate_argnums = donate_argnums
         self.static_argnums = static_argnums
         self._cache: dict = {}
+        self._last = None
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -79,7 +80,15 @@ class ParallelizedFunction:
         if exe is None:
             exe = self._build(args, dyn)
             self._cache[key] = exe
+        self._last = exe
         return exe, leaves, treedef
+
+    def get_last_executable(self):
+        """Alpa's name: the executable of the latest call (or ``get_executable``); RuntimeError
+        before the first."""
+        if self._last is None:
+            raise RuntimeError(f"{self.__name__} has not been called yet: call it (or get_executable) first")
+        return self._last
 
     def plan(self, *args):
         """Plan only (trace, extract, build, solve) and return the Plan; nothing is compiled (the plan

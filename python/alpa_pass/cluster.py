@@ -50,3 +50,39 @@ def init(cluster: str = "ray", cluster_address=None, num_nodes: int | None = Non
 
 def shutdown() -> None:
     """Alpa's ``alpa.shutdown``: nothing to stop (no Ray workers); compiled steps stay usable."""
+
+
+class DeviceCluster:
+    """Alpa's ``DeviceCluster``: here this run's devices (every process's under ``mpirun``)."""
+
+    def __init__(self, *_ray_args, **_ray_kwargs):
+        from alpa_pass.physical_mesh import PhysicalDeviceMesh
+
+        self._mesh = PhysicalDeviceMesh()
+
+    @property
+    def num_devices(self) -> int:
+        return self._mesh.num_devices
+
+    def get_physical_mesh(self, host_ids=None, num_devices_per_host=None):
+        """All of this run's devices as one physical mesh (Alpa's arguments pick part of a Ray
+        cluster: a different choice raises OptionError saying how to pick devices here)."""
+        if host_ids is not None or num_devices_per_host not in (None, self._mesh.num_devices_per_host):
+            raise OptionError("DeviceCluster.get_physical_mesh: a part of the cluster is picked by giving "
+                              "the devices, e.g. PhysicalDeviceMesh(jax.devices()[:4])")
+        return self._mesh
+
+    get_virtual_physical_mesh = get_physical_mesh
+
+
+def get_global_cluster() -> DeviceCluster:
+    """Alpa's ``get_global_cluster``: this run's devices."""
+    return DeviceCluster()
+
+
+def get_global_physical_mesh(create_if_not_exist: bool = True):
+    """Alpa's ``get_global_physical_mesh``: all of this run's devices (there is always one)."""
+    return DeviceCluster().get_physical_mesh()
+
+
+get_global_virtual_physical_mesh = get_global_physical_mesh

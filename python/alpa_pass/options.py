@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 from alpa_pass import _core, _sizes, cost_profile
 from alpa_pass.errors import OptionError
@@ -16,6 +17,9 @@ from alpa_pass.solve.highs import SolveOptions
 # Field metadata: a field marked ``_SHOWN_ONLY`` changes how a plan is shown, emitted or looked
 # up, not what is planned; it is neither recorded in ``Plan.made_with`` nor part of a cache key.
 _SHOWN_ONLY = {"planning": False}
+# Alpa's defaults of its combiner thresholds (bytes)
+ALPA_ALL_REDUCE_THRESHOLD = 1 << 60
+ALPA_ZERO3_ALL_GATHER_THRESHOLD = 1 << 25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +129,27 @@ class AutoShardingOption:
         parameters); forward scans (gradient accumulation, fori_loop) are never rewritten. Same
         ops, same numerics; the cost is one more copy of that loop body in the module, the ILP and
         XLA's compile (constant in the layer count).
+
+    Alpa's option names, so that a script written for Alpa runs unchanged (README "Coming from
+    Alpa"):
+      allow_all_gather / allow_all_to_all: ``False`` prices every all-gather (all-to-all) over an
+        axis of size > 1 at 1e13, as Alpa's ``INFINITY_COST``: the plan reshards without them
+        wherever a layout allows (``_core.Mesh.all_gather_forbidden``). One it cannot avoid stays,
+        and ``plan.objective`` shows its price.
+      force_batch_dim_to_mesh_dim: the batch arguments (``ShardParallel.batch_argnums``) are split
+        on dim 0 over this mesh axis and replicated over the others; the planner decides the rest.
+        ``None``: the planner decides the batch too (Alpa, given ``None`` on a 2-D mesh, forces
+        axis 0). Not for pipeline stages (OptionError).
+      force_data_parallel: plan as ``DataParallel`` (batch over all devices, parameters and
+        optimizer state replicated). ``force_zero_stage_3``: plan as ``Zero3Parallel``.
+      allow_recompute_heavy_op: Alpa's name of ``allow_replicated_heavy_ops`` (``None``: that field).
+      enable_auto_sharding (must be True), allow_replicated_parameters (must be True: replicated
+        parameters are a choice of the planner; ``Zero3Parallel`` shards them all),
+        force_simple_heuristic (must be ""): OptionError otherwise, saying what to use instead.
+      all_reduce_threshold, force_zero_stage_3_all_gather_threshold: sizes of XLA's collective
+        combiners in Alpa's fork; stock XLA takes them from ``XLA_FLAGS`` (e.g.
+        ``--xla_gpu_all_reduce_combine_threshold_bytes``): a value other than Alpa's default
+        warns that it is not used, and planning goes on.
     """
 
     allow_replicated_heavy_ops: bool = False
@@ -152,8 +177,22 @@ class AutoShardingOption:
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
     profile: "str | dict | cost_profile.ClusterProfile | None" = None
     peel_layer_scans: bool = True
+    # Alpa's names (see the docstring)
+    allow_all_gather: bool = True
+    allow_all_to_all: bool = True
+    force_batch_dim_to_mesh_dim: int | None = None
+    force_data_parallel: bool = False
+    force_zero_stage_3: bool = False
+    allow_recompute_heavy_op: bool | None = dataclasses.field(default=None, metadata=_SHOWN_ONLY)
+    enable_auto_sharding: bool = dataclasses.field(default=True, metadata=_SHOWN_ONLY)
+    allow_replicated_parameters: bool = dataclasses.field(default=True, metadata=_SHOWN_ONLY)
+    force_simple_heuristic: str = dataclasses.field(default="", metadata=_SHOWN_ONLY)
+    all_reduce_threshold: int = dataclasses.field(default=ALPA_ALL_REDUCE_THRESHOLD, metadata=_SHOWN_ONLY)
+    force_zero_stage_3_all_gather_threshold: int = dataclasses.field(default=ALPA_ZERO3_ALL_GATHER_THRESHOLD,
+                                                                     metadata=_SHOWN_ONLY)
 
     def __post_init__(self):
+        self._check_alpa_names()
         object.__setattr__(self, "profile", cost_profile.normalize(self.profile))
         if isinstance(self.memory_budget_per_device, str):
             object.__setattr__(self, "memory_budget_per_device", _sizes.parse_bytes(
@@ -197,6 +236,36 @@ class AutoShardingOption:
         if self.show_progress not in (None, True, False):
             raise OptionError(f"AutoShardingOption.show_progress must be None, True or False, got {self.show_progress!r}")
 
+    def _check_alpa_names(self):
+        """Fold and check the fields named as in Alpa's ``AutoShardingOption``."""
+        if self.allow_recompute_heavy_op is not None:
+            object.__setattr__(self, "allow_replicated_heavy_ops", bool(self.allow_recompute_heavy_op))
+            object.__setattr__(self, "allow_recompute_heavy_op", None)
+        if not self.enable_auto_sharding:
+            raise OptionError("AutoShardingOption(enable_auto_sharding=False): alpa_pass always plans; for "
+                              "XLA's own sharding propagation call jax.jit with in_shardings instead")
+        if not self.allow_replicated_parameters:
+            raise OptionError("AutoShardingOption(allow_replicated_parameters=False) is not supported: "
+                              "use method=Zero3Parallel() to shard every parameter")
+        if self.force_simple_heuristic:
+            raise OptionError(f"AutoShardingOption(force_simple_heuristic={self.force_simple_heuristic!r}) "
+                              f"is not supported: use method=DataParallel(), Zero2Parallel() or "
+                              f"Zero3Parallel() for a fixed scheme")
+        dim = self.force_batch_dim_to_mesh_dim
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 0):
+            raise OptionError(f"AutoShardingOption.force_batch_dim_to_mesh_dim must be a mesh axis index "
+                              f"(int >= 0) or None, got {dim!r}")
+        if self.force_data_parallel and self.force_zero_stage_3:
+            raise OptionError("AutoShardingOption: force_data_parallel and force_zero_stage_3 are two "
+                              "different schemes; set one")
+        for name, default, flag in (
+                ("all_reduce_threshold", ALPA_ALL_REDUCE_THRESHOLD, "all_reduce_combine_threshold_bytes"),
+                ("force_zero_stage_3_all_gather_threshold", ALPA_ZERO3_ALL_GATHER_THRESHOLD,
+                 "all_gather_combine_threshold_bytes")):
+            if getattr(self, name) != default:
+                warnings.warn(f"AutoShardingOption.{name} is not used: stock XLA sizes its combiner from "
+                              f"XLA_FLAGS (--xla_gpu_{flag}=N on GPU)", UserWarning, stacklevel=4)
+
     def to_core(self) -> "_core.CoreOptions":
         """The C++ core's view of the options that shape the ILP."""
         opts = _core.CoreOptions()
@@ -221,7 +290,10 @@ class AutoShardingOption:
         measured alpha/beta per axis when one is set, else the mesh's own; ``axis_order``: the
         plan's (axis names, most major first; empty: mesh order)."""
         profile = cost_profile.resolve(self.profile)
-        return mesh.to_core(axis_order) if profile is None else profile.core_mesh(mesh, axis_order)
+        core = mesh.to_core(axis_order) if profile is None else profile.core_mesh(mesh, axis_order)
+        core.all_gather_forbidden = not self.allow_all_gather
+        core.all_to_all_forbidden = not self.allow_all_to_all
+        return core
 
     def solve_options(self) -> SolveOptions:
         """HiGHS options of a solve under these options.

@@ -33,3 +33,16 @@ def benchmark_func(run_func, sync_func=None, warmup: int = 1, repeat: int = 3, n
     if min_repeat_second:
         number = max(number, math.ceil(min_repeat_second / max(round_time(number) / number, 1e-9)))
     return np.array([round_time(number) / number for _ in range(repeat)])
+
+
+def count_communication_primitives(hlo_text: str, ignore_scalar_all_reduce: bool = False) -> tuple[int, ...]:
+    """Alpa's counts of a compiled module's collectives (``exe.get_hlo_text()``): ``(total,
+    all-reduce, all-gather, reduce-scatter, all-to-all)``. ``total`` also counts
+    collective-permutes (which Alpa's does not list). ``ignore_scalar_all_reduce``: leave out
+    all-reduces of scalars only (a loss, a gradient norm)."""
+    from alpa_pass.tools.fidelity import list_collectives
+
+    kinds = [c.kind for c in list_collectives(hlo_text)
+             if not (ignore_scalar_all_reduce and c.kind == "all-reduce" and all(s == () for s in c.shapes))]
+    return (len(kinds), kinds.count("all-reduce"), kinds.count("all-gather"), kinds.count("reduce-scatter"),
+            kinds.count("all-to-all"))

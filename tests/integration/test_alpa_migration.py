@@ -94,3 +94,136 @@ def test_init_says_how_to_get_what_the_script_asks_for(kwargs, match):
     with pytest.raises(alpa.OptionError, match=match):
         alpa.init(**kwargs)
     alpa.init(cluster="local", num_nodes=1, num_devices_per_node=8)  # what this run has
+
+
+def _alpa_mlp_step(method, num_layers, batch_size, hidden):
+    """Alpa's test_mlp.py flow: a flax MLP in a TrainState, a step that returns only the new state,
+    ``train_step.get_last_executable()``; returns (new state, jit's new state, executable)."""
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(num_layers - 1):
+                x = nn.relu(nn.Dense(hidden)(x))
+            return nn.Dense(hidden)(x)
+
+    def train_step(state, batch):
+        def loss_func(params):
+            return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
+        return state.apply_gradients(grads=jax.grad(loss_func)(state.params))
+
+    k1, k2 = jax.random.split(jax.random.key(3))
+    batch = {"x": jax.random.normal(k1, (batch_size, hidden)), "y": jax.random.normal(k2, (batch_size, hidden))}
+    model = Model()
+    # (Alpa's test uses Adam; its update m / sqrt(v) turns a gradient's last-bit rounding into up
+    # to 2% of the learning rate where the gradient is tiny: SGD with momentum keeps the
+    # comparison with jit at 1e-5)
+    tx = optax.sgd(0.1, momentum=0.9)
+    state = TrainState.create(apply_fn=model.apply, params=model.init(k1, batch["x"]), tx=tx)
+    step = alpa.parallelize(train_step, method=method)
+    actual = step(state, batch)
+    return actual, jax.jit(train_step)(state, batch), step.get_last_executable()
+
+
+def _spec(leaf) -> tuple:
+    spec = tuple(leaf.sharding.spec)
+    return spec + (None,) * (leaf.ndim - len(spec))
+
+
+def _four_device_mesh(shape, beta):
+    return alpa.LocalPhysicalDeviceMesh(jax.local_devices()[:4]).get_logical_mesh(shape, [1, 1], beta)
+
+
+def test_alpa_2d_mlp_without_gathers_compiles_to_alpas_six_all_reduces():
+    # Alpa's test_n_layer_mlp_2d_mesh, with its option names: all-gathers and all-to-alls priced
+    # out (Alpa's INFINITY_COST), the plan is Alpa's: batch on x, Megatron on y; 5 activation
+    # all-reduces on y and one combined gradient all-reduce on x, nothing else.
+    L, B, H = 6, 256, 32
+    option = alpa.AutoShardingOption(allow_all_gather=False, allow_all_to_all=False)
+    method = alpa.ShardParallel(devices=_four_device_mesh([2, 2], [1, 0.1]), auto_sharding_option=option)
+    assert method.as_option is method.option is option and method.devices is method.mesh
+    actual, expected, exe = _alpa_mlp_step(method, L, B, H)
+    assert alpa.util.count_communication_primitives(exe.get_hlo_text()) == (L, L, 0, 0, 0)
+    alpa_objective = L * ((1 + H * H * 4 / 2) + (1 + H * 4)) + (L - 1) * (1 + 0.1 * B * H * 4 / 2)
+    # Below Alpa's figure: the column-parallel layers keep their biases split on y like their
+    # kernels' columns (Alpa replicates them), so their gradients all-reduce 64 B, not 128 B, over
+    # x; and the gradient all-reduces pay a share of alpha (XLA combines them into one).
+    ours = alpa_objective - (L // 2) * H * 4 / 2
+    assert ours - 2 * L <= exe.auto_sharding_objective <= ours
+    for k in range(L):
+        layer = actual.params["params"][f"Dense_{k}"]
+        assert _spec(layer["kernel"]) == ((None, "y") if k % 2 == 0 else ("y", None))
+        assert _spec(layer["bias"]) == (("y",) if k % 2 == 0 else (None,))
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+
+
+def test_alpa_force_data_parallel_on_a_2d_mesh_is_one_gradient_all_reduce():
+    # Alpa's test_n_layer_mlp_force_data_parallel on 2x2: batch 32, hidden 256. Unforced, the
+    # planner gathers the small activations rather than reduce the large weight gradients; forced,
+    # the plan is data parallelism over all 4 devices: one combined all-reduce of every gradient.
+    L, B, H = 6, 32, 256
+    option = alpa.AutoShardingOption(force_data_parallel=True)
+    actual, expected, exe = _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([2, 2], [1, 1]),
+                                                              auto_sharding_option=option), L, B, H)
+    assert alpa.util.count_communication_primitives(exe.get_hlo_text()) == (1, 1, 0, 0, 0)
+    grad_bytes = L * (H * H + H) * 4
+    assert exe.auto_sharding_objective == pytest.approx(1 + 2 * 3 / 4 * grad_bytes, rel=1e-5)
+    assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(actual.params))
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+
+
+def test_alpa_force_batch_dim_on_a_size_one_axis_leaves_model_parallelism():
+    # Alpa's test_n_layer_mlp_force_batch_dim_mapping, model-parallel half: on 1x4 the batch is
+    # "split" over the size-1 axis 0, so the plan is Megatron's: 5 activation all-reduces.
+    L, B, H = 6, 32, 256
+    option = alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=0)
+    actual, expected, exe = _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([1, 4], [1, 1]),
+                                                              auto_sharding_option=option), L, B, H)
+    assert exe.auto_sharding_objective == pytest.approx((L - 1) * (1 + 1.5 * B * H * 4), rel=1e-5)
+    assert alpa.util.count_communication_primitives(exe.get_hlo_text()) == (L - 1, L - 1, 0, 0, 0)
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+
+
+def test_force_batch_dim_pins_the_batch_on_that_axis():
+    # batch 256 on 2x2 with the batch forced onto the fast axis y: the step reads x and y split
+    # on dim 0 over y only (the planner alone puts the batch on x: test above)
+    option = alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=1, allow_mixed_mesh_shape=False)
+    actual, expected, exe = _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([2, 2], [1, 0.1]),
+                                                              auto_sharding_option=option), 4, 256, 32)
+    for sharding in exe.input_shardings[-2:]:  # batch["x"], batch["y"]
+        assert tuple(sharding.spec)[:1] == ("y",) and set(tuple(sharding.spec)[1:]) <= {None}
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+    with pytest.raises(alpa.OptionError, match="has axes 0..1"):
+        _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([2, 2], [1, 1]),
+                                          auto_sharding_option=alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=2)),
+                       2, 8, 8)
+
+
+def test_alpa_cluster_calls_and_keyword_names():
+    pm = alpa.get_global_physical_mesh(create_if_not_exist=True)
+    assert (pm.num_hosts, pm.num_devices_per_host, pm.num_devices) == (1, 8, 8) and pm.shape == (1, 8)
+    assert alpa.get_global_cluster().get_virtual_physical_mesh().devices == tuple(jax.devices())
+    logical = pm.get_logical_mesh([2, 4], [1, 1], [1, 0.1])
+    assert (logical.shape, logical.beta, logical.devices) == ((2, 4), (1.0, 0.1), tuple(jax.devices()))
+    assert pm.get_logical_mesh().shape == (1, 8)
+    assert alpa.ShardParallel(devices=pm).mesh == alpa.LogicalMesh((1, 8), devices=tuple(jax.devices()))
+    assert alpa.ShardParallel(devices=jax.devices()[:2]).mesh.shape == (1, 2)
+    dp = alpa.DataParallel(devices=logical, num_micro_batches=2)
+    assert dp.mesh is logical and dp.num_micro_batches == 2
+    option = alpa.AutoShardingOption(prefer_reduce_scatter=True)
+    pipe = alpa.PipeshardParallel(devices=logical, default_auto_sharding_option=option, num_micro_batches=2)
+    assert pipe.mesh is logical and pipe.option is option and pipe.as_option is option
+    assert alpa.AutoShardingOption(allow_recompute_heavy_op=True).allow_replicated_heavy_ops
+    with pytest.raises(TypeError, match="not both"):
+        alpa.ShardParallel(mesh=alpa.LogicalMesh((2, 4)), devices=logical)
+    with pytest.raises(TypeError, match="devices=...\\) takes"):
+        alpa.ShardParallel(devices="gpu")
+    with pytest.raises(alpa.OptionError, match="not supported for pipeline stages"):
+        alpa.PipeshardParallel(default_auto_sharding_option=alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=0))
+    with pytest.raises(alpa.OptionError, match="Zero3Parallel"):
+        alpa.AutoShardingOption(allow_replicated_parameters=False)
+    with pytest.raises(alpa.OptionError, match="jax.checkpoint"):
+        alpa.AutoLayerOption(layer_num=2, remat_layer=True)
+    with pytest.warns(UserWarning, match="all_reduce_threshold is not used"):
+        alpa.AutoShardingOption(all_reduce_threshold=1 << 20)
+    with pytest.raises(RuntimeError, match="not been called"):
+        alpa.parallelize(lambda x: x).get_last_executable()

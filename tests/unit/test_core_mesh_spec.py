@@ -86,6 +86,22 @@ def test_measured_axis_groups_replace_the_largest_per_axis_costs():
             _core.Mesh(shape=[2, 1, 4], alpha=[1.0] * 3, beta=[1.0] * 3, axes_costs=bad)
 
 
+def test_forbidden_collectives_cost_alpas_infinity(mesh):
+    # Alpa's allow_all_gather / allow_all_to_all = False: 1e13 per collective on an axis of
+    # size > 1, in reshards too; the other collectives and size-1 axes keep their price
+    mesh.all_gather_forbidden = True
+    assert mesh.all_gather(8.0, 1) == mesh.all_gather(8.0, [0, 1]) == 1e13
+    assert mesh.all_to_all(1000.0, 1) == pytest.approx(39.5) and mesh.all_reduce(1000.0, 0) == pytest.approx(501)
+    assert _core.reshard_cost(mesh, [8, 8], 4.0, [0, -1], [-1, -1]) >= 1e13   # S0R -> RR gathers on 0
+    assert _core.reshard_cost(mesh, [8, 8], 4.0, [-1, -1], [0, 1]) == 0.0     # slicing is free
+    mesh.all_to_all_forbidden = True
+    assert mesh.all_to_all(1000.0, 0) == 1e13
+    assert _core.reshard_cost(mesh, [8, 8], 4.0, [0, -1], [1, -1]) >= 1e13    # S0R -> S1R exchanges on 0
+    one = _core.Mesh(shape=[1, 8], alpha=[1.0, 1.0], beta=[1.0, 1.0])
+    one.all_gather_forbidden = True
+    assert one.all_gather(100.0, 0) == 0.0
+
+
 def test_axis_of_one_device_is_free():
     m = _core.Mesh(shape=[1, 8], alpha=[5.0, 1.0], beta=[5.0, 1.0])
     for fn in (m.all_reduce, m.all_gather, m.reduce_scatter, m.all_to_all):

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "python" / "alpa_pass"
 LAYERS = [
     {"alpa_pass._version", "alpa_pass.errors", "alpa_pass._compat", "alpa_pass._core", "alpa_pass._sizes"},
     {"alpa_pass.mesh", "alpa_pass.cost_profile", "alpa_pass.solve", "alpa_pass.trace", "alpa_pass.extract"},
-    {"alpa_pass.options", "alpa_pass.plan"},
+    {"alpa_pass.options", "alpa_pass.plan", "alpa_pass.physical_mesh"},
     {"alpa_pass.emit", "alpa_pass.runtime"},
     {"alpa_pass.driver"},
     {"alpa_pass.pipeline"},

@@ -14,6 +14,9 @@ struct AxesCost {
   double beta = 0.0;
 };
 
+// The cost of a collective that the options forbid (Alpa's INFINITY_COST).
+inline constexpr double kForbiddenCollectiveCost = 1e13;
+
 struct Mesh {
   std::vector<int64_t> shape;  // devices along each axis
   std::vector<double> alpha;   // latency per collective on that axis
@@ -25,6 +28,12 @@ struct Mesh {
   // reshard_cost charges those collective-permutes in this order (spec.cc), and the emission
   // writes the same order (the plan's axis_order).
   std::vector<int> axis_order = {};
+  // Alpa's allow_all_gather / allow_all_to_all = False: every all-gather (all-to-all) over an
+  // axis of size > 1 costs kForbiddenCollectiveCost, as Alpa's INFINITY_COST, so the planner
+  // avoids reshards that need one wherever another layout exists (an edge that has no other
+  // layout still gets one, at that cost: Plan.objective then shows it).
+  bool all_gather_forbidden = false;
+  bool all_to_all_forbidden = false;
 
   int ndim() const { return static_cast<int>(shape.size()); }
   int64_t num_devices() const;

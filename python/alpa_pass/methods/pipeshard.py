@@ -5,7 +5,8 @@ import dataclasses
 
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.methods.base import ParallelMethod
+from alpa_pass.errors import OptionError
+from alpa_pass.methods.base import ParallelMethod, take_alpa_names
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.pipeline.options import (SCHEDULES, TRANSFER_MODES, AutoLayerOption, AutoStageOption,
                                         ManualStageOption, UniformStageOption)
@@ -29,6 +30,8 @@ class PipeshardParallel(ParallelMethod):
       transfer: how values cross submeshes: ``"send_once_gather"`` (a tensor the destination
         replicates is sent split over the replicating axes, then all-gathered inside the
         destination mesh) or ``"direct"`` (one device_put of the full replicas).
+      devices, default_auto_sharding_option: Alpa's names of ``mesh`` (also a
+        ``PhysicalDeviceMesh`` or a list of devices) and ``option``.
     """
 
     mesh: LogicalMesh | None = None
@@ -39,8 +42,18 @@ class PipeshardParallel(ParallelMethod):
     batch_argnums: tuple = (1,)
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     transfer: str = "send_once_gather"
+    devices: object = dataclasses.field(default=None, compare=False, repr=False)
+    default_auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False,
+                                                                                repr=False)
 
     def __post_init__(self):
+        take_alpa_names(self, "default_auto_sharding_option")
+        forced = [f for f in ("force_batch_dim_to_mesh_dim", "force_data_parallel", "force_zero_stage_3")
+                  if getattr(self.option, f) is not None and getattr(self.option, f) is not False]
+        if forced:
+            raise OptionError(f"PipeshardParallel: AutoShardingOption({forced[0]}=...) is not supported for "
+                              f"pipeline stages (a stage's inputs are not the step's batch); drop it, or use "
+                              f"ShardParallel / DataParallel / Zero3Parallel without a pipeline")
         if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
             raise TypeError(f"PipeshardParallel(mesh=...) takes an alpa_pass.LogicalMesh, got {type(self.mesh).__name__}")
         if int(self.num_micro_batches) < 1:

@@ -32,8 +32,10 @@ import jax
 import numpy as np
 
 from alpa_pass.driver.meshes import resolve_mesh
-from alpa_pass.errors import ShardingError
+from alpa_pass.errors import OptionError, ShardingError
+from alpa_pass.extract.graph import OpKind
 from alpa_pass.mesh import LogicalMesh
+from alpa_pass.methods.base import take_alpa_names
 from alpa_pass.methods.shard import IntraOpMethod
 from alpa_pass.options import AutoShardingOption
 
@@ -50,14 +52,25 @@ class PresetParallel(IntraOpMethod):
         indices, dict keys or attribute names (``(0, 0)``: ``state[0]`` of
         ``train_step((params, opt_state), batch)``; ``(0, "params")``: ``state.params`` of a
         flax ``TrainState``). ``None`` (default): found from the step (:func:`find_params`).
+      num_micro_batches: as ``ShardParallel``'s (gradient accumulation over ``k`` micro-batches).
+      devices: Alpa's name of ``mesh`` (also a ``PhysicalDeviceMesh`` or a list of devices).
     """
 
     mesh: LogicalMesh | None = None
     option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     batch_argnums: tuple[int, ...] = (1,)
     params_at: tuple | None = None
+    num_micro_batches: int | None = None
+    devices: object = dataclasses.field(default=None, compare=False, repr=False)
+    auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        take_alpa_names(self, "auto_sharding_option")
+        if self.num_micro_batches is not None and (isinstance(self.num_micro_batches, bool) or
+                                                   not isinstance(self.num_micro_batches, int) or
+                                                   self.num_micro_batches < 1):
+            raise ValueError(f"{type(self).__name__}(num_micro_batches=...) takes None or an int >= 1, "
+                             f"got {self.num_micro_batches!r}")
         if self.mesh is not None and not isinstance(self.mesh, LogicalMesh):
             raise TypeError(f"{type(self).__name__}(mesh=...) takes an alpa_pass.LogicalMesh or None, "
                             f"got {self.mesh!r}")
@@ -129,30 +142,48 @@ def find_params(graph, ties) -> set[int]:
     """Flat argument indices of the step's parameters: the leaves the step returns new values of
     (tied to an output) that its loss depends on. The loss is an output the step returns that is
     a scalar and no argument's new value; optimizer state (Adam's moments, a step counter) is tied
-    too but the loss does not read it.
+    too but the loss does not read it. A step that returns no loss (``return
+    state.apply_gradients(grads=...)``): the tied leaves that a matmul or convolution reads,
+    directly or not (the forward pass reads the parameters; the optimizer state feeds no matmul).
 
-    Raises ShardingError when the step returns no such scalar or no tied leaf reaches it.
+    Raises ShardingError when no tied leaf is found either way.
     """
     tied_outputs, tied = {o for o, _ in ties}, {p for _, p in ties}
-    losses = [o for o in graph.output_nodes() if o not in tied_outputs and graph.shape(o) == ()]
-    seen, stack = set(), list(losses)
+    roots = [o for o in graph.output_nodes() if o not in tied_outputs and graph.shape(o) == ()]
+    if not roots:
+        heavy = (OpKind.DOT, OpKind.CONVOLUTION)
+        roots = [v for v in range(graph.num_nodes) if graph.kind[v] in heavy]
+    carried = {}  # a loop's carried value <-> its initial and yielded values (graph.ties)
+    for a, b in graph.ties:
+        carried.setdefault(a, []).append(b)
+        carried.setdefault(b, []).append(a)
+    seen, stack = set(), list(roots)
     while stack:
         v = stack.pop()
         if v not in seen:
             seen.add(v)
             stack.extend(graph.operands(v))
+            stack.extend(carried.get(v, ()))
     params = {i for i, v in enumerate(graph.param_nodes()) if v in tied and v in seen}
     if not params:
         raise ShardingError("could not find the parameters: the step must return new values of its "
-                            "parameters and a scalar loss computed from them; otherwise say where they "
-                            "are with params_at= (e.g. (0, 0) for train_step((params, opt_state), batch))")
+                            "parameters, and a scalar loss computed from them or matmuls that read them; "
+                            "otherwise say where they are with params_at= (e.g. (0, 0) for "
+                            "train_step((params, opt_state), batch))")
     return params
 
 
 @dataclasses.dataclass(frozen=True)
 class DataParallel(PresetParallel):
     """Data parallelism: batch split over all devices, parameters and optimizer state replicated,
-    one (combined) all-reduce of the gradients. Fields: see ``PresetParallel``."""
+    one (combined) all-reduce of the gradients. As in Alpa's ``force_data_parallel``, the plan
+    between the arguments may not all-gather or all-to-all (``allow_all_gather`` /
+    ``allow_all_to_all`` off): with a small batch and large weights, gathering the activations
+    to compute replicated weight gradients is cheaper in the model than all-reducing them, and
+    would not be data parallelism. Fields: see ``PresetParallel``."""
+
+    def planning_option(self):
+        return dataclasses.replace(self.option, allow_all_gather=False, allow_all_to_all=False)
 
     def _param_spec(self, shape, n):
         return -1
@@ -202,6 +233,30 @@ def _batch_dim(path, shape, n: int) -> int:
                             f"dim 0 over all {n} devices, which does not divide it; use a batch size "
                             f"divisible by {n} or fix batch_argnums")
     return 0
+
+
+def batch_axis_pins(graph, mesh: LogicalMesh, args, batch_argnums, axis: int) -> list[tuple[int, list[int]]]:
+    """Pins of Alpa's ``force_batch_dim_to_mesh_dim=axis``: each batch leaf (of ``batch_argnums``)
+    with a dim 0 split on dim 0 over mesh ``axis`` and replicated over the others. ``args`` None
+    (the plugin's flat leaves: no batch_argnums): none.
+
+    Raises OptionError for an axis the mesh lacks, ShardingError for a batch leaf whose dim 0
+    the axis's size does not divide."""
+    if axis >= len(mesh.shape):
+        raise OptionError(f"force_batch_dim_to_mesh_dim={axis}, but the mesh {mesh.shape} has axes "
+                          f"0..{len(mesh.shape) - 1}")
+    if args is None:
+        return []
+    n, nodes, pins = mesh.shape[axis], graph.param_nodes(), []
+    for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tuple(args))[0]):
+        shape = tuple(np.shape(leaf))
+        if path[0].idx not in batch_argnums or not shape:
+            continue
+        if shape[0] % n:
+            raise ShardingError(f"batch leaf {jax.tree_util.keystr(path)} {shape}: force_batch_dim_to_mesh_dim="
+                                f"{axis} splits dim 0 over that axis's {n} devices, which does not divide it")
+        pins.append((nodes[i], [0 if a == axis and n > 1 else -1 for a in range(len(mesh.shape))]))
+    return pins
 
 
 def _params_leaf_ids(args, params_at) -> set[int]:

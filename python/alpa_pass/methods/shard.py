@@ -9,8 +9,9 @@ import jax
 
 from alpa_pass.driver.jit import make_plan, plan_and_compile
 from alpa_pass.driver.meshes import resolve_mesh
+from alpa_pass.errors import OptionError
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.methods.base import ParallelMethod
+from alpa_pass.methods.base import ParallelMethod, take_alpa_names
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.pipeline.trace.accumulate import accumulating_step
 from alpa_pass.plan.plan import Plan
@@ -50,9 +51,10 @@ class IntraOpMethod(ParallelMethod):
         return []
 
     def step_function(self, fn):
-        """The function that is planned for the user's ``fn`` (itself unless the method rewrites
-        the step, as ``ShardParallel(num_micro_batches=k)`` does)."""
-        return fn
+        """The function that is planned for the user's ``fn``: itself, or with
+        ``num_micro_batches=k > 1`` the step accumulating gradients over ``k`` micro-batches."""
+        k = getattr(self, "num_micro_batches", None) or 1
+        return fn if k == 1 else accumulating_step(fn, self.batch_argnums, k)
 
     def build_executable(self, fn, args, donate_argnums) -> Executable:
         mesh = self.resolved_mesh()
@@ -92,7 +94,12 @@ class ShardParallel(IntraOpMethod):
         gradients and loss averaged over them, the rest of the step (the update) once
         (``pipeline.trace.accumulate``).
       batch_argnums: positions of the step's arguments that hold the batch (with
-        ``num_micro_batches``).
+        ``num_micro_batches`` or ``option.force_batch_dim_to_mesh_dim``).
+      devices, auto_sharding_option: Alpa's names of ``mesh`` (also a ``PhysicalDeviceMesh`` or
+        a list of devices) and ``option``; ``method.devices`` / ``method.as_option`` read them.
+
+    Alpa's ``option.force_data_parallel`` / ``force_zero_stage_3`` make the plan
+    ``DataParallel``'s / ``Zero3Parallel``'s on the same mesh (``mesh="auto"``: 1 x N).
     """
 
     mesh: LogicalMesh | str | None = None
@@ -100,8 +107,11 @@ class ShardParallel(IntraOpMethod):
     plan: object = dataclasses.field(default=None, hash=False)
     num_micro_batches: int | None = None
     batch_argnums: tuple = (1,)
+    devices: object = dataclasses.field(default=None, compare=False, repr=False)
+    auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        take_alpa_names(self, "auto_sharding_option")
         if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
             raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, \"auto\" or None, "
                             f"got {self.mesh!r}")
@@ -116,11 +126,41 @@ class ShardParallel(IntraOpMethod):
                              f"got {self.num_micro_batches!r}")
         argnums = (self.batch_argnums,) if isinstance(self.batch_argnums, int) else self.batch_argnums
         object.__setattr__(self, "batch_argnums", tuple(int(i) for i in argnums))
+        if self.mesh == "auto" and self.option.force_batch_dim_to_mesh_dim is not None:
+            raise OptionError("ShardParallel(mesh=\"auto\") with force_batch_dim_to_mesh_dim: the axis index "
+                              "names an axis of one mesh; give mesh=LogicalMesh(...) or drop the option")
 
-    def step_function(self, fn):
-        if (self.num_micro_batches or 1) == 1:
-            return fn
-        return accumulating_step(fn, self.batch_argnums, self.num_micro_batches)
+    def scheme(self):
+        """The preset that Alpa's ``force_data_parallel`` / ``force_zero_stage_3`` name, or None."""
+        opt = self.option
+        if not (opt.force_data_parallel or opt.force_zero_stage_3):
+            return None
+        from alpa_pass.methods.presets import DataParallel, Zero3Parallel
+
+        cls = DataParallel if opt.force_data_parallel else Zero3Parallel
+        return cls(mesh=self.mesh if isinstance(self.mesh, LogicalMesh) else None, batch_argnums=self.batch_argnums,
+                   option=dataclasses.replace(opt, force_data_parallel=False, force_zero_stage_3=False))
+
+    def planning_option(self) -> AutoShardingOption:
+        scheme = self.scheme()
+        return self.option if scheme is None else scheme.planning_option()
+
+    def pin_policy(self, mesh: LogicalMesh):
+        scheme = self.scheme()
+        if scheme is not None:
+            return scheme.pin_policy(mesh)
+        axis = self.option.force_batch_dim_to_mesh_dim
+        if axis is None:
+            return None
+        from alpa_pass.methods.presets import batch_axis_pins
+
+        return lambda graph, ties, args: batch_axis_pins(graph, mesh, args, self.batch_argnums, axis)
+
+    def resolved_mesh(self):
+        """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
+        if self.scheme() is not None:
+            return self.scheme().resolved_mesh()
+        return resolve_mesh(self.mesh, None if self.plan is None else self.plan.mesh)
 
     def _load_plan(self):
         if isinstance(self.plan, (str, os.PathLike)):
@@ -135,7 +175,3 @@ class ShardParallel(IntraOpMethod):
     @property
     def saved_plan(self) -> Plan | None:
         return self.plan
-
-    def resolved_mesh(self):
-        """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
-        return resolve_mesh(self.mesh, None if self.plan is None else self.plan.mesh)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from alpa_pass.errors import OptionError
+
 SCHEDULES = ("1f1b", "gpipe")
 # How values cross submeshes (``pipeline.run.transfer``): a value the destination replicates is
 # sent split over the replicating axes and all-gathered on arrival, or sent whole to every device.
@@ -19,12 +21,21 @@ class AutoLayerOption:
         consecutive layers small).
       eps: a layer may hold up to ``(1 + eps) * total_flops / layer_num`` FLOPs; among cuts that
         respect it the DP minimises the largest number of bytes crossing a cut.
+      remat_mode, remat_layer, fine_grained_remat_layer_num: Alpa's rematerialisation of the
+        layers; only "none" / False / None (OptionError otherwise: wrap the layer's code in
+        ``jax.checkpoint`` or flax ``nn.remat`` instead, which the pipeline keeps).
     """
 
     layer_num: int
     eps: float = 0.6
+    remat_mode: str = "none"
+    remat_layer: bool = False
+    fine_grained_remat_layer_num: int | None = None
 
     def __post_init__(self):
+        if self.remat_mode != "none" or self.remat_layer or self.fine_grained_remat_layer_num is not None:
+            raise OptionError("AutoLayerOption: rematerialising the layers (remat_mode / remat_layer) is not "
+                              "supported; wrap the layer's code in jax.checkpoint (flax nn.remat) instead")
         if int(self.layer_num) < 1:
             raise ValueError(f"AutoLayerOption.layer_num must be >= 1, got {self.layer_num}")
         if self.eps < 0:
@@ -55,13 +66,19 @@ class ManualStageOption:
         submeshes are carved from the cluster's devices in order.
       submesh_logical_shapes: per stage, the logical mesh the intra-op planner uses on that submesh
         (same device count); ``None`` = the physical shape.
+      submesh_autosharding_option_dicts: Alpa's per-stage option overrides; only empty dicts
+        (OptionError otherwise: every stage plans with ``PipeshardParallel.option``).
     """
 
     forward_stage_layer_ids: tuple
     submesh_physical_shapes: tuple
     submesh_logical_shapes: tuple | None = None
+    submesh_autosharding_option_dicts: tuple | None = None
 
     def __post_init__(self):
+        if any(self.submesh_autosharding_option_dicts or ()):
+            raise OptionError("ManualStageOption(submesh_autosharding_option_dicts=...): per-stage planner "
+                              "options are not supported; every stage plans with PipeshardParallel(option=...)")
         ids = tuple(tuple(int(i) for i in s) for s in self.forward_stage_layer_ids)
         phys = tuple(tuple(int(d) for d in s) for s in self.submesh_physical_shapes)
         logical = None if self.submesh_logical_shapes is None else tuple(

@@ -65,6 +65,11 @@ class Executable:
         """The SPMD-partitioned, optimized HLO of the compiled step (per-device shapes)."""
         return self._compiled.as_text()
 
+    @property
+    def auto_sharding_objective(self) -> float:
+        """Alpa's name: the plan's ILP objective (``plan.objective``)."""
+        return self.plan.objective
+
     def get_hlo_text(self) -> str:
         """Alpa's name for :meth:`hlo_text`."""
         return self.hlo_text()
