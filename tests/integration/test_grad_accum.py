@@ -179,7 +179,8 @@ def test_num_micro_batches_equals_plain_step_and_scan(shape):
 
 
 def test_num_micro_batches_has_aux_and_errors():
-    """aux combined as Alpa does (float scalars averaged, per-example values concatenated);
+    """aux combined as Alpa does (float scalars averaged, per-example values concatenated, in
+    the batch's row order; micro-batches are strided);
     a batch the micro-batch count does not divide, and a bad count, are typed errors."""
     state, batch = _state_and_batch()
 
@@ -193,15 +194,33 @@ def test_num_micro_batches_has_aux_and_errors():
 
     params = state[0]
     got = ap.parallelize(step, method=ap.ShardParallel(num_micro_batches=K))(params, batch)
-    micro = [jax.tree.map(lambda a: a[i * (B // K):(i + 1) * (B // K)], batch) for i in range(K)]
+    micro = [jax.tree.map(lambda a: a[i::K], batch) for i in range(K)]  # micro-batch i: rows i, i + K, ...
     parts = [jax.jit(lambda p, b: jax.value_and_grad(aux_loss, has_aux=True)(p, b["x"], b["y"]))(params, b)
              for b in micro]
     want = (jax.tree.map(lambda *g: sum(g) / K, *[p[1] for p in parts]),
             sum(p[0][0] for p in parts) / K, sum(p[0][1][0] for p in parts) / K,
-            jnp.concatenate([p[0][1][1] for p in parts]))
+            jnp.stack([p[0][1][1] for p in parts], axis=1).reshape(B))  # row j*K + i is micro i's row j
     _assert_close(got, want)
     odd = jax.tree.map(lambda a: a[:B - 4], batch)
     with pytest.raises(ShardingError, match="num_micro_batches=3"):
         ap.parallelize(step, method=ap.ShardParallel(num_micro_batches=3)).get_executable(params, odd)
     with pytest.raises(ValueError, match="num_micro_batches"):
         ap.ShardParallel(num_micro_batches=0)
+
+
+@pytest.mark.parametrize("method", [ap.DataParallel, ap.ShardParallel])
+def test_micro_batches_of_a_split_batch_stay_on_their_devices(method):
+    """A batch split on axis 0 over the devices (DataParallel pins it so) is cut into strided
+    micro-batches: every device accumulates over its own rows, and the step compiles to data
+    parallelism's one gradient all-reduce after the loop, no gather of the batch. (Contiguous
+    micro-batches put micro-batch i on a quarter of the devices: the plan gathered the batch.)"""
+    state, batch = _state_and_batch()
+    option = ap.AutoShardingOption(force_data_parallel=method is ap.ShardParallel)
+    step = ap.parallelize(marker_step, method=method(mesh=ap.LogicalMesh((1, 8)), num_micro_batches=K, option=option))
+    exe = step.get_executable(state, batch)
+    counts = ap.util.count_communication_primitives(exe.hlo_text(), ignore_scalar_all_reduce=True)
+    assert counts == (1, 1, 0, 0, 0) and loop_collectives(exe.hlo_text())[0] == 0, counts
+    assert exe.input_shardings[-1].spec[0] == ("x", "y") or exe.input_shardings[-1].spec[0] == "y"
+    whole = ap.parallelize(plain_step, method=ap.DataParallel(mesh=ap.LogicalMesh((1, 8)))).get_executable(state, batch)
+    assert exe.plan.objective == pytest.approx(whole.plan.objective, rel=1e-6)
+    _trains_like_jit(step, plain_step, state, batch, 2)

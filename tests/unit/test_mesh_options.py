@@ -54,3 +54,14 @@ def test_output_ties_match_state_leaves():
     assert output_ties((batch,), ({"a": batch, "b": batch},)) == []
     # same structure but another shape: no tie
     assert output_ties((batch,), (jnp.ones((4, 2)),)) == []
+
+
+def test_output_ties_compare_dtypes_as_jax_traces_them():
+    # numpy float64 parameters (rng.standard_normal(...) / np.sqrt(n)) are float32 arrays in a
+    # step without x64, so the step's float32 new values are theirs (the presets find parameters
+    # by these ties); a real dtype change still ties nothing
+    import numpy as np
+
+    params = {"w": np.ones((4, 4)), "b": np.ones(4, np.float32)}
+    assert output_ties((params,), ({"w": jnp.ones((4, 4)), "b": jnp.ones(4)},)) == [(0, 0), (1, 1)]
+    assert output_ties((params,), ({"w": jnp.ones((4, 4), jnp.bfloat16), "b": jnp.ones(4)},)) == []

@@ -196,8 +196,16 @@ def is_prng_key(aval) -> bool:
 
 
 def _signature(tree):
+    """(treedef, (shape, dtype) per leaf), dtypes as jax traces them: a float64 numpy argument
+    is a float32 array without x64, so the step's new float32 value of it is its new value."""
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in map(_shaped, leaves))
+    return treedef, tuple((tuple(x.shape), _traced_dtype(x.dtype)) for x in map(_shaped, leaves))
+
+
+def _traced_dtype(dtype) -> str:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys: as they are
+        return str(dtype)
+    return str(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _shaped(x):

@@ -3,9 +3,15 @@
 Contract: ``accumulating_step(fn, batch_argnums, k)`` returns a function computing ``fn(*args)``
 with its one ``alpa_pass.value_and_grad`` / ``alpa_pass.grad`` call evaluated as Alpa's
 ``ShardParallel(num_micro_batches=k)`` does: the call's batch inputs (leaves of the step's
-``batch_argnums`` arguments) are cut along axis 0 into ``k`` equal micro-batches (``x.reshape(k,
--1, ...)``: micro-batch ``i`` holds rows ``i*m .. i*m+m-1``, as PipeshardParallel cuts them), the
-loss and the gradients are computed per micro-batch in one ``lax.scan``, the gradients summed over
+``batch_argnums`` arguments) are cut along axis 0 into ``k`` equal micro-batches, strided:
+micro-batch ``i`` holds rows ``i, i + k, i + 2k, ...`` (``x.reshape(-1, k, ...)``, then axis 1 is
+scanned). A batch split on axis 0 over the devices then gives every device its share of every
+micro-batch, each device accumulating over its own rows as data parallelism does, with no
+communication; contiguous micro-batches (``x.reshape(k, -1, ...)``, how PipeshardParallel cuts
+them between stages) would put micro-batch ``i`` on ``1/k`` of the devices, so a data-parallel
+plan would all-gather the batch first. Equal-sized micro-batches average to the same loss and
+gradients either way (exact for losses that are means over the batch). The loss and the
+gradients are computed per micro-batch in one ``lax.scan``, the gradients summed over
 the micro-batches and divided by ``k``, the loss the mean over them, and aux leaves (``has_aux``)
 combined like PipeshardParallel does (:func:`~alpa_pass.pipeline.programs.apply.aux_rule`).
 Everything outside the call (the optimizer update) runs once per step on the whole batch's
@@ -65,7 +71,8 @@ def _accumulate(traced, inputs: list, num_micro: int) -> list:
     n_aux = num_aux(info)
     micro_out = [v.aval for v in traced.loss.jaxpr.outvars]
     rules = [aux_rule(micro_out[1 + j], info.out_avals[1 + j], num_micro) for j in range(n_aux)]
-    stacked = [x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]) for x, b in zip(inputs, mask) if b]
+    stacked = [jnp.swapaxes(x.reshape(x.shape[0] // num_micro, num_micro, *x.shape[1:]), 0, 1)
+               for x, b in zip(inputs, mask) if b]  # [k, B/k, ...]: micro-batch i = rows i::k
 
     def micro_step(carry, xs):
         it = iter(xs)
@@ -95,7 +102,7 @@ def _accumulate(traced, inputs: list, num_micro: int) -> list:
     for r in rules:
         if r == "concat":
             y = next(cats)
-            aux_out.append(y.reshape(y.shape[0] * y.shape[1], *y.shape[2:]))
+            aux_out.append(jnp.swapaxes(y, 0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:]))  # rows back in order
         else:
             s = next(sums)
             aux_out.append(s / num_micro if r == "mean" else s)
