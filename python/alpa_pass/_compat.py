@@ -317,16 +317,20 @@ def ordered_effects(closed_jaxpr) -> list:
     return [e for e in closed_jaxpr.effects if effects.ordered_effects.contains(e)]
 
 
-def fold_scalar_reshards(closed_jaxpr):
-    """``closed_jaxpr`` with every ``reshard`` of a scalar literal replaced by the literal, and scan
-    constants that thereby became literals moved into the scan's body; the same object when there
-    are none.
+def fold_retraced_mesh_ops(closed_jaxpr):
+    """``closed_jaxpr`` without the no-op equations that jax adds when a step is traced again for
+    arguments committed to a mesh (ours, after its first call); the same object when there are none.
 
-    A step traced again for arguments committed to a mesh (ours, after its first call) runs under
-    that abstract mesh, where jax makes the constant ``1`` of ``tanh``'s and ``sigmoid``'s jvp as
-    ``reshard 1.0`` (``lax._one``: a scalar on the mesh, replicated) and a scan body closing over it
-    takes it as one more constant: the same computation as the first trace, in a different
-    program. Folded, both traces lower to the same module (an LSTM's step planned once)."""
+    Such a trace runs under that abstract mesh, where jax makes
+    - the constant ``1`` of ``tanh``'s and ``sigmoid``'s jvp as ``reshard 1.0`` (``lax._one``: a
+      scalar on the mesh, replicated), which a scan body closing over it takes as one more
+      constant: each such reshard is replaced by the literal, and scan constants that thereby
+      became literals are moved into the scan's body;
+    - a broadcasting multiply's operand of the result's shape (``dt * y`` in diffrax's
+      ``ODETerm.prod``, vmapped) as ``reshape[sharding=P(None, ...)]`` to its own shape on an
+      Auto-axes mesh: each such identity reshape is replaced by its operand.
+    The same computation as the first trace, in a different program; folded, both traces lower to
+    the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
     from jax.extend import core
 
     def fold(jaxpr):
@@ -336,6 +340,10 @@ def fold_scalar_reshards(closed_jaxpr):
             if (eqn.primitive.name == "reshard" and len(invars) == 1 and isinstance(invars[0], core.Literal)
                     and eqn.outvars[0].aval.shape == ()):
                 env[eqn.outvars[0]] = core.Literal(invars[0].val, eqn.outvars[0].aval)
+                changed = True
+                continue
+            if _identity_reshape(eqn, invars):
+                env[eqn.outvars[0]] = invars[0]
                 changed = True
                 continue
             params, inlined = eqn.params, None
@@ -355,6 +363,26 @@ def fold_scalar_reshards(closed_jaxpr):
 
     jaxpr, changed = fold(closed_jaxpr.jaxpr)
     return closed_jaxpr.replace(jaxpr=jaxpr) if changed else closed_jaxpr
+
+
+def _identity_reshape(eqn, invars) -> bool:
+    """A ``reshape`` of a value to its own shape and dtype whose sharding, if any, names no mesh
+    axis on a mesh whose axes are all Auto (it moves nothing)."""
+    from jax.extend import core
+
+    if eqn.primitive.name != "reshape" or len(invars) != 1 or not isinstance(invars[0], core.Var):
+        return False
+    src, dst = invars[0].aval, eqn.outvars[0].aval
+    if (tuple(eqn.params.get("new_sizes", ())) != tuple(src.shape) or eqn.params.get("dimensions") is not None
+            or src.dtype != dst.dtype or src.shape != dst.shape):
+        return False
+    sharding = eqn.params.get("sharding")
+    if sharding is None:
+        return True
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None or any(entry is not None for entry in spec):
+        return False
+    return all(t == jax.sharding.AxisType.Auto for t in getattr(mesh, "axis_types", ()))
 
 
 def _fold_params(params: dict, fold) -> tuple[dict, bool]:

@@ -239,7 +239,7 @@ def test_typed_prng_key_step_is_planned_once():
 
 @pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", "train_scan_loop.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
-    "train_muon.py", "train_equinox_bn.py"))])
+    "train_muon.py", "train_equinox_bn.py", "train_diffrax_ode.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
@@ -251,7 +251,9 @@ def test_library_training_loops_plan_the_step(script):
     loop (``stateless_call`` / ``stateless_apply`` in a ``jax.jit``); optax's Muon (Newton-Schulz
     iterations on each update); Equinox with ``BatchNorm`` state (``make_with_state``); the whole
     training loop in one jit, a ``lax.scan`` over steps (its program one equation: it was taken
-    for an eager op and ran untouched). The
+    for an eager op and ran untouched); a diffrax neural ODE (adaptive-step while loops and
+    checkpointed adjoint loops; traced again under the mesh, jax adds identity reshapes that made
+    a second plan and compile: ``_compat.fold_retraced_mesh_ops``). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)
@@ -285,7 +287,7 @@ def test_a_recurrent_model_is_planned_and_compiled_once():
     """tests/scripts/train_flax_rnn.py (``nn.RNN`` over an LSTM cell, a bidirectional GRU: scans
     over time). Its step's second call, with the state committed to our mesh, is traced again
     under that mesh, where jax makes tanh's and sigmoid's jvp constant 1 as ``reshard 1.0`` and the
-    scans take it as one more constant (``_compat.fold_scalar_reshards``): it was planned and
+    scans take it as one more constant (``_compat.fold_retraced_mesh_ops``): it was planned and
     compiled a second time; now once, and the same losses as without the plugin."""
     plain, _, _ = _run("train_flax_rnn.py")
     out, run, stderr = _run("train_flax_rnn.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")

@@ -1,4 +1,4 @@
-"""_compat.fold_scalar_reshards: a step traced again for arguments committed to a mesh lowers to
+"""_compat.fold_retraced_mesh_ops: a step traced again for arguments committed to a mesh lowers to
 the same module as its first trace once the scalar reshards are folded (the plugin's key)."""
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_a_trace_under_the_mesh_folds_to_the_first_trace():
                               jax.device_put(xs, NamedSharding(mesh, P(None, "x"))))
     prims = _compat.jaxpr_primitive_names(again)
     assert "reshard" in prims  # what jax does today; without it the test has nothing to fold
-    assert _compat.fold_scalar_reshards(first) is first  # nothing to fold: the same object
-    folded = _compat.fold_scalar_reshards(again)
+    assert _compat.fold_retraced_mesh_ops(first) is first  # nothing to fold: the same object
+    folded = _compat.fold_retraced_mesh_ops(again)
     assert "reshard" not in _compat.jaxpr_primitive_names(folded)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, xs)]
     assert _lowered(again, avals) != _lowered(first, avals)
@@ -63,4 +63,31 @@ def test_other_reshards_are_kept(operand):
 
     closed = jax.make_jaxpr(f)(x)
     assert "reshard" in _compat.jaxpr_primitive_names(closed)
-    assert _compat.fold_scalar_reshards(closed) is closed
+    assert _compat.fold_retraced_mesh_ops(closed) is closed
+
+
+def test_identity_reshapes_onto_the_mesh_fold_to_their_operand():
+    """A trace under the mesh reshapes a value made without one (a constant, or a value of a loop
+    body, as diffrax's vmapped ``dt * y``) to its own shape with the mesh's replicated sharding;
+    the first trace has no such reshape. Folded, the two lower alike; a reshape that changes
+    the shape stays."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+    v = jax.device_put(jnp.linspace(0, 1, 512).reshape(256, 2), NamedSharding(mesh, P()))
+
+    def f(v):
+        w = jnp.arange(512.0).reshape(256, 2)
+        sharding = getattr(jax.typeof(v), "sharding", None)
+        moved = jax.lax.reshape(w, (256, 2), out_sharding=sharding) if sharding is not None else w
+        return moved * v
+
+    def reshapes(closed):
+        return sum(e.primitive.name == "reshape" for e in closed.jaxpr.eqns)
+
+    again, first = jax.make_jaxpr(f)(v), jax.make_jaxpr(f)(np.asarray(v))
+    if reshapes(again) <= reshapes(first):
+        pytest.skip("this jax adds no reshape under the mesh")
+    folded = _compat.fold_retraced_mesh_ops(again)
+    assert reshapes(folded) == reshapes(first) == 1  # arange's (512,) -> (256, 2) stays
+    avals = [jax.ShapeDtypeStruct((256, 2), jnp.float32)]
+    assert _lowered(folded, avals) == _lowered(first, avals) != _lowered(again, avals)
+    np.testing.assert_allclose(jaxpr_as_fun(folded)(v)[0], f(np.asarray(v)), rtol=1e-6)

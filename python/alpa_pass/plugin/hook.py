@@ -95,7 +95,7 @@ class LoweringHook:
         if reason is None:
             # (a step traced again under our mesh makes tanh's 1 as a reshard: folded, the same
             # program as its first trace, one plan and one executable for both)
-            folded = (_compat.fold_scalar_reshards(closed_jaxpr), *args[1:])
+            folded = (_compat.fold_retraced_mesh_ops(closed_jaxpr), *args[1:])
             unspecified = tuple(_compat.unspecified() for _ in in_shardings)
             probe = original(*folded[:3], unspecified, *folded[4:], **kwargs)
             key = _cache_key(probe, args, kwargs)
