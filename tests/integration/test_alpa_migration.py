@@ -227,3 +227,17 @@ def test_alpa_cluster_calls_and_keyword_names():
         alpa.AutoShardingOption(all_reduce_threshold=1 << 20)
     with pytest.raises(RuntimeError, match="not been called"):
         alpa.parallelize(lambda x: x).get_last_executable()
+
+
+def test_alpa_zero2_mlp_scatters_gradients_in_the_optimizer_states_layout():
+    # Alpa's test_n_layer_mlp_data_parallel_reduce_scatter (Zero2Parallel, batch 256, hidden 32,
+    # 4x1). flax's kernel gradient is a dot giving [out, in], transposed to the kernel's [in, out];
+    # the optimizer state is split on dim 0 (in). Each gradient is reduce-scattered on the dim its
+    # consumer splits (emit.partial_sums._wanted_dim); scattered on the dot's own largest dim
+    # (out), XLA all-to-all'ed every square kernel's gradient into the state's layout (4 of them).
+    L, B, H = 6, 256, 32
+    actual, expected, exe = _alpa_mlp_step(alpa.Zero2Parallel(devices=_four_device_mesh([4, 1], [1, 1])), L, B, H)
+    total, ar, ag, rs, a2a = alpa.util.count_communication_primitives(exe.get_hlo_text(), ignore_scalar_all_reduce=True)
+    assert (ar, rs, a2a) == (0, 2 * L, 0), (total, ar, ag, rs, a2a)  # one reduce-scatter per parameter
+    assert all(_spec(leaf)[0] == "x" for leaf in jax.tree.leaves(actual.opt_state) if leaf.ndim)
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)

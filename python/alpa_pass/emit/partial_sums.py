@@ -70,13 +70,15 @@ def partial_sums(graph: OpGraph, plan, mesh: LogicalMesh) -> dict[int, PartialSu
     """
     out = {}
     feeds = _feeds_outputs(graph)
+    users = None
     for v in range(graph.num_nodes):
         axes = _partial_axes(graph, plan, mesh, v) if feeds[v] else None
         if not axes:
             continue
         shape = graph.shape(v)
         local_dims = tuple(mesh.dim_axes(plan.node_specs[v], len(shape), plan.axis_order))
-        dim = _scatter_dim(shape, local_dims, axes, mesh)
+        users = users if users is not None else _users(graph)
+        dim = _scatter_dim(shape, local_dims, axes, mesh, _wanted_dim(graph, plan, users, v, axes))
         if dim is None:
             continue
         names = tuple(mesh.axis_names[a] for a in axes)
@@ -105,8 +107,10 @@ def _feeds_outputs(graph: OpGraph) -> list[bool]:
     return reach
 
 
-def _scatter_dim(shape, local_dims, axes, mesh: LogicalMesh) -> int | None:
-    """The result dim to reduce-scatter over ``axes`` (module docstring), or ``None``."""
+def _scatter_dim(shape, local_dims, axes, mesh: LogicalMesh, wanted: int | None = None) -> int | None:
+    """The result dim to reduce-scatter over ``axes`` (module docstring), or ``None``. ``wanted``:
+    the dim the value's consumers split over ``axes`` (:func:`_wanted_dim`), chosen first when
+    it qualifies."""
     n = math.prod(mesh.shape[a] for a in axes)
     first = min(axes)
     best, best_key = None, None
@@ -115,10 +119,40 @@ def _scatter_dim(shape, local_dims, axes, mesh: LogicalMesh) -> int | None:
         local = size // math.prod(mesh.shape[a] for a in splitters)
         if local % n:
             continue
-        key = (all(a < first for a in splitters), local, -d)
+        key = (d == wanted, all(a < first for a in splitters), local, -d)
         if best_key is None or key > best_key:
             best, best_key = d, key
     return best
+
+
+def _users(graph: OpGraph) -> list[list[int]]:
+    out = [[] for _ in range(graph.num_nodes)]
+    for v in range(graph.num_nodes):
+        for u in graph.operands(v):
+            out[u].append(v)
+    return out
+
+
+def _wanted_dim(graph: OpGraph, plan, users, v: int, axes) -> int | None:
+    """The dim of ``v``'s result that the first consumer splitting one dim over all of ``axes``
+    splits, followed through elementwise ops and transposes (a weight gradient's dot computes
+    ``[out, in]`` and transposes it to the kernel's ``[in, out]``, whose optimizer state is split
+    on ``in``: scattering the dot's ``out`` dim would make XLA all-to-all every gradient into the
+    state's layout). ``None``: no such consumer along a chain of single users."""
+    dims = list(range(len(graph.shape(v))))  # this node's dim i is v's dim dims[i]
+    while len(users[v]) == 1:
+        u = users[v][0]
+        kind = OpKind(int(graph.kind[u]))
+        if kind == OpKind.TRANSPOSE:
+            dims = [dims[i] for i in graph.node_attrs(u)]
+        elif kind not in (OpKind.ELEMENTWISE, OpKind.OUTPUT) or len(graph.shape(u)) != len(dims):
+            return None
+        spec = plan.node_specs[u]
+        split = {spec[a] for a in axes}
+        if len(split) == 1 and min(split) >= 0:
+            return dims[min(split)]
+        v = u
+    return None
 
 
 def _partial_axes(graph: OpGraph, plan, mesh: LogicalMesh, v: int) -> list[int] | None:
