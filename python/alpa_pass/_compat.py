@@ -221,6 +221,11 @@ def const_args(computation) -> list:
     return list(getattr(computation, "const_args", ()))
 
 
+def simulated_cpu_devices() -> bool:
+    """Whether this process drives several CPU devices (``--xla_force_host_platform_device_count``)."""
+    return jax.default_backend() == "cpu" and jax.local_device_count() > 1
+
+
 def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
     """Names of every primitive in ``closed_jaxpr`` (or an open jaxpr), sub-jaxprs (pjit, scan,
     cond, ...) included.

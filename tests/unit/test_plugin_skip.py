@@ -48,3 +48,16 @@ def test_a_loop_called_eagerly_is_an_eager_op(w):
 def test_a_loop_without_a_dot_is_still_no_program_to_plan(w):
     assert _reason(lambda x: jax.lax.fori_loop(0, 3, lambda i, c: jnp.sin(c), x), w) == \
         "no dot or convolution (an initialiser or elementwise helper)"
+
+
+def test_host_callbacks_run_untouched_on_simulated_cpu_devices(w):
+    # (XLA's CPU runtime hung on a planned pure_callback of a sharded activation; plain jit runs
+    # the step on one device)
+    def step(w, x):
+        h = jnp.tanh(x @ w)
+        m = jax.pure_callback(lambda a: (a * 2).sum(dtype=a.dtype), jax.ShapeDtypeStruct((), h.dtype), h)
+        return h.mean() + m
+
+    assert jax.default_backend() == "cpu" and jax.local_device_count() > 1
+    assert _reason(step, w, w) == "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
+    assert _reason(lambda w, x: jnp.tanh(x @ w).mean(), w, w) is None

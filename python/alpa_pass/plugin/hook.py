@@ -36,6 +36,12 @@ log = logging.getLogger("alpa_pass")
 HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 # Primitives through which the user states shardings or devices inside the computation.
 SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put", "xla_pmap"})
+# Host callbacks whose results (or operands) a plan moves between devices. On simulated CPU
+# devices (several in one process) XLA's CPU runtime can hang: device 0 runs the callback while
+# the others wait in the collective that broadcasts its result (s36: a pure_callback of a
+# [128, 256] activation on 2x4 hung in the plan, as in plain jax.jit with sharded inputs; the
+# same step on one device, how plain jit runs the unparallelised script, does not).
+HOST_CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback"})
 
 
 @dataclasses.dataclass
@@ -161,6 +167,8 @@ class LoweringHook:
             return f"user shardings inside ({', '.join(sorted(prims & SHARDING_PRIMITIVES))})"
         if not prims & HEAVY_PRIMITIVES:
             return "no dot or convolution (an initialiser or elementwise helper)"
+        if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices():
+            return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
         return None
 
     def owns(self, sharding) -> bool:
