@@ -40,6 +40,7 @@ ZOO = {
     "Equinox stateful (`make_with_state`, `BatchNorm`, `Conv2d`)": "train_equinox_bn.py",
     "flax linen, the whole training loop in one jit (`lax.scan` over steps, PureJaxRL style)": "train_scan_loop.py",
     "diffrax neural ODE (Equinox MLP field, Tsit5 + PID adaptive steps, checkpointed adjoint, adabelief)": "train_diffrax_ode.py",
+    "flax linen diffusion UNet (`Conv`, `ConvTranspose`, `GroupNorm`, time embedding, EMA params in the state)": "train_unet_diffusion.py",
 }
 ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 
