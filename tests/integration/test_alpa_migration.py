@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -241,3 +242,20 @@ def test_alpa_zero2_mlp_scatters_gradients_in_the_optimizer_states_layout():
     assert (ar, rs, a2a) == (0, 2 * L, 0), (total, ar, ag, rs, a2a)  # one reduce-scatter per parameter
     assert all(_spec(leaf)[0] == "x" for leaf in jax.tree.leaves(actual.opt_state) if leaf.ndim)
     alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+
+
+def test_alpa_2d_mlp_with_the_measured_profile_compiles_to_all_reduces_only():
+    # The same MLP planned with this repository's measured profile of an 8-CPU-device host (2x4):
+    # a collective's measured latency dwarfs 128 B, so the bias gradients' split reduction and
+    # gather that unit costs price below Alpa's all-reduce (3 extra all-gathers with Alpa's
+    # option names, allow_mixed_mesh_shape=False) are priced out: Alpa's 6 all-reduces only.
+    L, B, H = 6, 256, 32
+    profile = str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks/report/profile_cpu-cpu-8dev-2x4.json")
+    mesh = alpa.get_global_physical_mesh().get_logical_mesh([2, 4])
+    counts = {}
+    for name, option in (("unit", alpa.AutoShardingOption(allow_mixed_mesh_shape=False)),
+                         ("measured", alpa.AutoShardingOption(allow_mixed_mesh_shape=False, profile=profile))):
+        actual, expected, exe = _alpa_mlp_step(alpa.ShardParallel(devices=mesh, auto_sharding_option=option), L, B, H)
+        counts[name] = alpa.util.count_communication_primitives(exe.get_hlo_text())
+        alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
+    assert counts == {"unit": (L + 3, L, 3, 0, 0), "measured": (L, L, 0, 0, 0)}, counts
