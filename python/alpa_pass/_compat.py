@@ -221,6 +221,21 @@ def const_args(computation) -> list:
     return list(getattr(computation, "const_args", ()))
 
 
+def unconditional_primitive_names(closed_jaxpr) -> set[str]:
+    """Like :func:`jaxpr_primitive_names`, without the branches of ``cond`` (code that runs only
+    when a predicate says so, e.g. Equinox's ``error_if`` callback that raises on a NaN)."""
+    from jax._src import core
+
+    names, stack = set(), [getattr(closed_jaxpr, "jaxpr", closed_jaxpr)]
+    while stack:
+        jaxpr = stack.pop()
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            if eqn.primitive.name != "cond":
+                stack.extend(core.jaxprs_in_params(eqn.params))
+    return names
+
+
 def simulated_cpu_devices() -> bool:
     """Whether this process drives several CPU devices (``--xla_force_host_platform_device_count``)."""
     return jax.default_backend() == "cpu" and jax.local_device_count() > 1

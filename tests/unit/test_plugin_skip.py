@@ -61,3 +61,17 @@ def test_host_callbacks_run_untouched_on_simulated_cpu_devices(w):
     assert jax.default_backend() == "cpu" and jax.local_device_count() > 1
     assert _reason(step, w, w) == "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
     assert _reason(lambda w, x: jnp.tanh(x @ w).mean(), w, w) is None
+
+
+def test_a_host_callback_in_a_cond_branch_is_planned(w):
+    # (Equinox's error_if, in every diffrax solve: the callback raises only when the predicate
+    # holds, so the step runs no callback and cannot hang)
+    def step(w, x):
+        h = jnp.tanh(x @ w)
+
+        def fail(v):
+            return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+        return jax.lax.cond(jnp.isnan(h).any(), fail, lambda v: v, h).mean()
+
+    assert _reason(step, w, w) is None

@@ -40,7 +40,8 @@ SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put
 # devices (several in one process) XLA's CPU runtime can hang: device 0 runs the callback while
 # the others wait in the collective that broadcasts its result (s36: a pure_callback of a
 # [128, 256] activation on 2x4 hung in the plan, as in plain jax.jit with sharded inputs; the
-# same step on one device, how plain jit runs the unparallelised script, does not).
+# same step on one device, how plain jit runs the unparallelised script, does not). A callback in
+# a ``cond`` branch (Equinox's ``error_if``, in every diffrax solve) runs only on an error: planned.
 HOST_CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback"})
 
 
@@ -167,7 +168,8 @@ class LoweringHook:
             return f"user shardings inside ({', '.join(sorted(prims & SHARDING_PRIMITIVES))})"
         if not prims & HEAVY_PRIMITIVES:
             return "no dot or convolution (an initialiser or elementwise helper)"
-        if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices():
+        if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices() and \
+                _compat.unconditional_primitive_names(closed_jaxpr) & HOST_CALLBACK_PRIMITIVES:
             return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
         return None
 
