@@ -221,29 +221,15 @@ def const_args(computation) -> list:
     return list(getattr(computation, "const_args", ()))
 
 
-def unconditional_primitive_names(closed_jaxpr) -> set[str]:
-    """Like :func:`jaxpr_primitive_names`, without the branches of ``cond`` (code that runs only
-    when a predicate says so, e.g. Equinox's ``error_if`` callback that raises on a NaN)."""
-    from jax._src import core
-
-    names, stack = set(), [getattr(closed_jaxpr, "jaxpr", closed_jaxpr)]
-    while stack:
-        jaxpr = stack.pop()
-        for eqn in jaxpr.eqns:
-            names.add(eqn.primitive.name)
-            if eqn.primitive.name != "cond":
-                stack.extend(core.jaxprs_in_params(eqn.params))
-    return names
-
-
 def simulated_cpu_devices() -> bool:
     """Whether this process drives several CPU devices (``--xla_force_host_platform_device_count``)."""
     return jax.default_backend() == "cpu" and jax.local_device_count() > 1
 
 
-def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
+def jaxpr_primitive_names(closed_jaxpr, *, skip_cond_branches: bool = False) -> set[str]:
     """Names of every primitive in ``closed_jaxpr`` (or an open jaxpr), sub-jaxprs (pjit, scan,
-    cond, ...) included.
+    cond, ...) included; with ``skip_cond_branches``, without the branches of ``cond`` (code that
+    runs only when a predicate says so, e.g. Equinox's ``error_if`` callback that raises on a NaN).
 
     ``device_put`` counts only when it names a device or sharding (not a plain copy)."""
     from jax._src import core
@@ -252,10 +238,11 @@ def jaxpr_primitive_names(closed_jaxpr) -> set[str]:
     while stack:
         jaxpr = stack.pop()
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name != "device_put" or any(
-                    d is not None for d in eqn.params.get("devices", ())):
-                names.add(eqn.primitive.name)
-        stack.extend(core.subjaxprs(jaxpr))
+            name = eqn.primitive.name
+            if name != "device_put" or any(d is not None for d in eqn.params.get("devices", ())):
+                names.add(name)
+            if not (skip_cond_branches and name == "cond"):
+                stack.extend(core.jaxprs_in_params(eqn.params))
     return names
 
 

@@ -31,7 +31,7 @@ def take_alpa_names(method, option_alias: str) -> None:
     ``option_alias`` (``auto_sharding_option=`` / ``default_auto_sharding_option=``) into
     ``option``; afterwards both names read the same value. TypeError when both names are given
     different values."""
-    from alpa_pass.options import AutoShardingOption
+    from alpa_pass.options import DEFAULT_OPTION
     from alpa_pass.physical_mesh import as_logical_mesh
 
     name = type(method).__name__
@@ -43,7 +43,7 @@ def take_alpa_names(method, option_alias: str) -> None:
     object.__setattr__(method, "devices", method.mesh)
     alias = getattr(method, option_alias)
     if alias is not None:
-        if method.option != AutoShardingOption() and method.option != alias:
+        if method.option is not DEFAULT_OPTION and method.option != alias:
             raise TypeError(f"{name}: give option= or {option_alias}= (Alpa's name of it), not both")
         object.__setattr__(method, "option", alias)
     object.__setattr__(method, option_alias, method.option)

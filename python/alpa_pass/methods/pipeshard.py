@@ -7,7 +7,7 @@ from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.errors import OptionError
 from alpa_pass.methods.base import ParallelMethod, take_alpa_names
-from alpa_pass.options import AutoShardingOption
+from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
 from alpa_pass.pipeline.options import (SCHEDULES, TRANSFER_MODES, AutoLayerOption, AutoStageOption,
                                         ManualStageOption, UniformStageOption)
 from alpa_pass.pipeline.run.executable import build_pipeshard
@@ -40,7 +40,7 @@ class PipeshardParallel(ParallelMethod):
     stage_option: object = dataclasses.field(default_factory=UniformStageOption)
     pipeline_schedule: str = "1f1b"
     batch_argnums: tuple = (1,)
-    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    option: AutoShardingOption = DEFAULT_OPTION
     transfer: str = "send_once_gather"
     devices: object = dataclasses.field(default=None, compare=False, repr=False)
     default_auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False,

@@ -37,7 +37,7 @@ from alpa_pass.extract.graph import OpKind
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.base import take_alpa_names
 from alpa_pass.methods.shard import IntraOpMethod
-from alpa_pass.options import AutoShardingOption
+from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ class PresetParallel(IntraOpMethod):
     """
 
     mesh: LogicalMesh | None = None
-    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    option: AutoShardingOption = DEFAULT_OPTION
     batch_argnums: tuple[int, ...] = (1,)
     params_at: tuple | None = None
     num_micro_batches: int | None = None

@@ -12,7 +12,7 @@ from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import OptionError
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.base import ParallelMethod, take_alpa_names
-from alpa_pass.options import AutoShardingOption
+from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
 from alpa_pass.pipeline.trace.accumulate import accumulating_step
 from alpa_pass.plan.plan import Plan
 from alpa_pass.runtime.executable import Executable
@@ -103,12 +103,13 @@ class ShardParallel(IntraOpMethod):
     """
 
     mesh: LogicalMesh | str | None = None
-    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
+    option: AutoShardingOption = DEFAULT_OPTION
     plan: object = dataclasses.field(default=None, hash=False)
     num_micro_batches: int | None = None
     batch_argnums: tuple = (1,)
     devices: object = dataclasses.field(default=None, compare=False, repr=False)
     auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False, repr=False)
+    _scheme: object = dataclasses.field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         take_alpa_names(self, "auto_sharding_option")
@@ -129,17 +130,18 @@ class ShardParallel(IntraOpMethod):
         if self.mesh == "auto" and self.option.force_batch_dim_to_mesh_dim is not None:
             raise OptionError("ShardParallel(mesh=\"auto\") with force_batch_dim_to_mesh_dim: the axis index "
                               "names an axis of one mesh; give mesh=LogicalMesh(...) or drop the option")
+        opt = self.option
+        if opt.force_data_parallel or opt.force_zero_stage_3:
+            from alpa_pass.methods.presets import DataParallel, Zero3Parallel
+
+            cls = DataParallel if opt.force_data_parallel else Zero3Parallel
+            object.__setattr__(self, "_scheme", cls(
+                mesh=self.mesh if isinstance(self.mesh, LogicalMesh) else None, batch_argnums=self.batch_argnums,
+                option=dataclasses.replace(opt, force_data_parallel=False, force_zero_stage_3=False)))
 
     def scheme(self):
         """The preset that Alpa's ``force_data_parallel`` / ``force_zero_stage_3`` name, or None."""
-        opt = self.option
-        if not (opt.force_data_parallel or opt.force_zero_stage_3):
-            return None
-        from alpa_pass.methods.presets import DataParallel, Zero3Parallel
-
-        cls = DataParallel if opt.force_data_parallel else Zero3Parallel
-        return cls(mesh=self.mesh if isinstance(self.mesh, LogicalMesh) else None, batch_argnums=self.batch_argnums,
-                   option=dataclasses.replace(opt, force_data_parallel=False, force_zero_stage_3=False))
+        return self._scheme
 
     def planning_option(self) -> AutoShardingOption:
         scheme = self.scheme()
@@ -158,8 +160,8 @@ class ShardParallel(IntraOpMethod):
 
     def resolved_mesh(self):
         """The LogicalMesh to plan for, or with ``mesh="auto"`` the tuple of candidate meshes."""
-        if self.scheme() is not None:
-            return self.scheme().resolved_mesh()
+        if self._scheme is not None:
+            return self._scheme.resolved_mesh()
         return resolve_mesh(self.mesh, None if self.plan is None else self.plan.mesh)
 
     def _load_plan(self):

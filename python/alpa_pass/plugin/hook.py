@@ -169,7 +169,7 @@ class LoweringHook:
         if not prims & HEAVY_PRIMITIVES:
             return "no dot or convolution (an initialiser or elementwise helper)"
         if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices() and \
-                _compat.unconditional_primitive_names(closed_jaxpr) & HOST_CALLBACK_PRIMITIVES:
+                _compat.jaxpr_primitive_names(closed_jaxpr, skip_cond_branches=True) & HOST_CALLBACK_PRIMITIVES:
             return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
         return None
 
