@@ -318,8 +318,3 @@ class AutoShardingOption:
         if isinstance(fields["profile"], cost_profile.ClusterProfile):  # its key and content digest
             fields["profile"] = str(fields["profile"])
         return fields
-
-
-DEFAULT_OPTION = AutoShardingOption()
-"""The default of the methods' ``option`` field: a method built without ``option=`` holds this very
-object (``take_alpa_names`` tells by identity whether ``option=`` was given)."""

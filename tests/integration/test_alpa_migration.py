@@ -3,6 +3,8 @@
 ``preshard_dynamic_args``, ``alpa.util.benchmark_func``, ``get_total_allocation_size``)."""
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import pathlib
 
@@ -213,6 +215,13 @@ def test_alpa_cluster_calls_and_keyword_names():
     option = alpa.AutoShardingOption(prefer_reduce_scatter=True)
     pipe = alpa.PipeshardParallel(devices=logical, default_auto_sharding_option=option, num_micro_batches=2)
     assert pipe.mesh is logical and pipe.option is option and pipe.as_option is option
+    assert pipe.devices is logical and pipe.default_auto_sharding_option is option
+    # Alpa's names are not fields: replace() changes ours without a "both names" error
+    plain = alpa.AutoShardingOption()
+    assert dataclasses.replace(pipe, option=plain).option is plain
+    assert dataclasses.replace(dp, mesh=None).mesh is None
+    zero2 = dataclasses.replace(alpa.Zero2Parallel(auto_sharding_option=option), batch_argnums=(2,))
+    assert zero2.option is option and zero2.batch_argnums == (2,)
     assert alpa.AutoShardingOption(allow_recompute_heavy_op=True).allow_replicated_heavy_ops
     with pytest.raises(TypeError, match="not both"):
         alpa.ShardParallel(mesh=alpa.LogicalMesh((2, 4)), devices=logical)

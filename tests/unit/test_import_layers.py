@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "python" / "alpa_pass"
 
 # Bottom to top: a module may import modules of its own layer or of lower layers only.
 LAYERS = [
-    {"alpa_pass._version", "alpa_pass.errors", "alpa_pass._compat", "alpa_pass._core", "alpa_pass._sizes"},
+    {"alpa_pass._version", "alpa_pass._aliases", "alpa_pass.errors", "alpa_pass._compat", "alpa_pass._core", "alpa_pass._sizes"},
     {"alpa_pass.mesh", "alpa_pass.cost_profile", "alpa_pass.solve", "alpa_pass.trace", "alpa_pass.extract"},
     {"alpa_pass.options", "alpa_pass.plan", "alpa_pass.physical_mesh"},
     {"alpa_pass.emit", "alpa_pass.runtime"},

@@ -1,6 +1,8 @@
 """The base of the parallel methods ``parallelize`` accepts: each builds its own executable."""
 from __future__ import annotations
 
+from alpa_pass._aliases import keyword_aliases
+
 
 class ParallelMethod:
     """A way to run a function on many devices.
@@ -26,24 +28,15 @@ class ParallelMethod:
         return self.option
 
 
-def take_alpa_names(method, option_alias: str) -> None:
-    """Fold Alpa's keyword names of a method's fields into ours: ``devices=`` into ``mesh`` and
-    ``option_alias`` (``auto_sharding_option=`` / ``default_auto_sharding_option=``) into
-    ``option``; afterwards both names read the same value. TypeError when both names are given
-    different values."""
-    from alpa_pass.options import DEFAULT_OPTION
+def _mesh_of(devices, name):
     from alpa_pass.physical_mesh import as_logical_mesh
 
-    name = type(method).__name__
-    if method.devices is not None:
-        mesh = as_logical_mesh(method.devices, name)
-        if method.mesh is not None and method.mesh != mesh:
-            raise TypeError(f"{name}: give mesh= or devices= (Alpa's name of it), not both")
-        object.__setattr__(method, "mesh", mesh)
-    object.__setattr__(method, "devices", method.mesh)
-    alias = getattr(method, option_alias)
-    if alias is not None:
-        if method.option is not DEFAULT_OPTION and method.option != alias:
-            raise TypeError(f"{name}: give option= or {option_alias}= (Alpa's name of it), not both")
-        object.__setattr__(method, "option", alias)
-    object.__setattr__(method, option_alias, method.option)
+    return as_logical_mesh(devices, name)
+
+
+def alpa_names(option_alias: str):
+    """Class decorator (above ``@dataclass``): the method also takes Alpa's keyword names
+    ``devices=`` (for ``mesh``: a LogicalMesh, a ``PhysicalDeviceMesh`` or a list of devices) and
+    ``option_alias=`` (``auto_sharding_option=`` / ``default_auto_sharding_option=``, for
+    ``option``) and reads them back (``_aliases.keyword_aliases``)."""
+    return keyword_aliases(devices=("mesh", _mesh_of), **{option_alias: ("option", None)})

@@ -6,13 +6,14 @@ import dataclasses
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.errors import OptionError
-from alpa_pass.methods.base import ParallelMethod, take_alpa_names
-from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
+from alpa_pass.methods.base import ParallelMethod, alpa_names
+from alpa_pass.options import AutoShardingOption
 from alpa_pass.pipeline.options import (SCHEDULES, TRANSFER_MODES, AutoLayerOption, AutoStageOption,
                                         ManualStageOption, UniformStageOption)
 from alpa_pass.pipeline.run.executable import build_pipeshard
 
 
+@alpa_names("default_auto_sharding_option")
 @dataclasses.dataclass(frozen=True)
 class PipeshardParallel(ParallelMethod):
     """Pipeline (inter-op) parallelism over submeshes, each stage sharded by the intra-op planner.
@@ -22,8 +23,8 @@ class PipeshardParallel(ParallelMethod):
       num_micro_batches: the batch arguments are split into this many micro-batches along axis 0;
         gradients are averaged over them (exact for losses that are means over the batch).
       layer_option: ``"manual"`` (``mark_pipeline_boundary()`` in the loss) or ``AutoLayerOption``.
-      stage_option: ``"auto"`` (= ``AutoStageOption()``), ``AutoStageOption``,
-        ``UniformStageOption`` or ``ManualStageOption``.
+      stage_option: ``"auto"`` (= ``AutoStageOption()``), ``"uniform"`` (= ``UniformStageOption()``),
+        ``AutoStageOption``, ``UniformStageOption`` or ``ManualStageOption``.
       pipeline_schedule: ``"1f1b"`` or ``"gpipe"``.
       batch_argnums: positions of the train step's arguments that hold the batch.
       option: intra-op planner options for every stage.
@@ -40,14 +41,10 @@ class PipeshardParallel(ParallelMethod):
     stage_option: object = dataclasses.field(default_factory=UniformStageOption)
     pipeline_schedule: str = "1f1b"
     batch_argnums: tuple = (1,)
-    option: AutoShardingOption = DEFAULT_OPTION
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     transfer: str = "send_once_gather"
-    devices: object = dataclasses.field(default=None, compare=False, repr=False)
-    default_auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False,
-                                                                                repr=False)
 
     def __post_init__(self):
-        take_alpa_names(self, "default_auto_sharding_option")
         forced = [f for f in ("force_batch_dim_to_mesh_dim", "force_data_parallel", "force_zero_stage_3")
                   if getattr(self.option, f) is not None and getattr(self.option, f) is not False]
         if forced:
@@ -61,9 +58,11 @@ class PipeshardParallel(ParallelMethod):
         if self.layer_option != "manual" and not isinstance(self.layer_option, AutoLayerOption):
             raise TypeError(f"PipeshardParallel(layer_option=...) takes 'manual' or AutoLayerOption, "
                             f"got {self.layer_option!r}")
-        stage = AutoStageOption() if self.stage_option == "auto" else self.stage_option
+        stage = self.stage_option
+        if isinstance(stage, str) and stage in ("auto", "uniform"):
+            stage = AutoStageOption() if stage == "auto" else UniformStageOption()
         if not isinstance(stage, (AutoStageOption, UniformStageOption, ManualStageOption)):
-            raise TypeError(f"PipeshardParallel(stage_option=...) takes 'auto', AutoStageOption, "
+            raise TypeError(f"PipeshardParallel(stage_option=...) takes 'auto', 'uniform', AutoStageOption, "
                             f"UniformStageOption or ManualStageOption, got {self.stage_option!r}")
         object.__setattr__(self, "stage_option", stage)
         if self.pipeline_schedule not in SCHEDULES:

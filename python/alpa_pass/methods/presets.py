@@ -35,9 +35,9 @@ from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import OptionError, ShardingError
 from alpa_pass.extract.graph import OpKind
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.methods.base import take_alpa_names
+from alpa_pass.methods.base import alpa_names
 from alpa_pass.methods.shard import IntraOpMethod
-from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
+from alpa_pass.options import AutoShardingOption
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,15 +57,12 @@ class PresetParallel(IntraOpMethod):
     """
 
     mesh: LogicalMesh | None = None
-    option: AutoShardingOption = DEFAULT_OPTION
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     batch_argnums: tuple[int, ...] = (1,)
     params_at: tuple | None = None
     num_micro_batches: int | None = None
-    devices: object = dataclasses.field(default=None, compare=False, repr=False)
-    auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        take_alpa_names(self, "auto_sharding_option")
         if self.num_micro_batches is not None and (isinstance(self.num_micro_batches, bool) or
                                                    not isinstance(self.num_micro_batches, int) or
                                                    self.num_micro_batches < 1):
@@ -173,6 +170,7 @@ def find_params(graph, ties) -> set[int]:
     return params
 
 
+@alpa_names("auto_sharding_option")
 @dataclasses.dataclass(frozen=True)
 class DataParallel(PresetParallel):
     """Data parallelism: batch split over all devices, parameters and optimizer state replicated,
@@ -192,6 +190,7 @@ class DataParallel(PresetParallel):
         return -1
 
 
+@alpa_names("auto_sharding_option")
 @dataclasses.dataclass(frozen=True)
 class Zero2Parallel(PresetParallel):
     """ZeRO-2: parameters replicated, optimizer state sharded, gradients reduce-scattered and the
@@ -206,6 +205,7 @@ class Zero2Parallel(PresetParallel):
 
 
 
+@alpa_names("auto_sharding_option")
 @dataclasses.dataclass(frozen=True)
 class Zero3Parallel(PresetParallel):
     """ZeRO-3 / FSDP: every parameter with ndim > 1 and all optimizer state sharded at rest;

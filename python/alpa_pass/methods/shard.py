@@ -11,8 +11,8 @@ from alpa_pass.driver.jit import make_plan, plan_and_compile
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import OptionError
 from alpa_pass.mesh import LogicalMesh
-from alpa_pass.methods.base import ParallelMethod, take_alpa_names
-from alpa_pass.options import DEFAULT_OPTION, AutoShardingOption
+from alpa_pass.methods.base import ParallelMethod, alpa_names
+from alpa_pass.options import AutoShardingOption
 from alpa_pass.pipeline.trace.accumulate import accumulating_step
 from alpa_pass.plan.plan import Plan
 from alpa_pass.runtime.executable import Executable
@@ -76,6 +76,7 @@ class IntraOpMethod(ParallelMethod):
         return None if isinstance(mesh, tuple) else self.pin_policy(mesh)
 
 
+@alpa_names("auto_sharding_option")
 @dataclasses.dataclass(frozen=True)
 class ShardParallel(IntraOpMethod):
     """Intra-operator parallelism: one sharding plan (an ILP) over one logical mesh.
@@ -103,16 +104,13 @@ class ShardParallel(IntraOpMethod):
     """
 
     mesh: LogicalMesh | str | None = None
-    option: AutoShardingOption = DEFAULT_OPTION
+    option: AutoShardingOption = dataclasses.field(default_factory=AutoShardingOption)
     plan: object = dataclasses.field(default=None, hash=False)
     num_micro_batches: int | None = None
     batch_argnums: tuple = (1,)
-    devices: object = dataclasses.field(default=None, compare=False, repr=False)
-    auto_sharding_option: AutoShardingOption | None = dataclasses.field(default=None, compare=False, repr=False)
     _scheme: object = dataclasses.field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self):
-        take_alpa_names(self, "auto_sharding_option")
         if self.mesh is not None and self.mesh != "auto" and not isinstance(self.mesh, LogicalMesh):
             raise TypeError(f"ShardParallel(mesh=...) takes an alpa_pass.LogicalMesh, \"auto\" or None, "
                             f"got {self.mesh!r}")
