@@ -41,6 +41,8 @@ ZOO = {
     "flax linen, the whole training loop in one jit (`lax.scan` over steps, PureJaxRL style)": "train_scan_loop.py",
     "diffrax neural ODE (Equinox MLP field, Tsit5 + PID adaptive steps, checkpointed adjoint, adabelief)": "train_diffrax_ode.py",
     "flax linen diffusion UNet (`Conv`, `ConvTranspose`, `GroupNorm`, time embedding, EMA params in the state)": "train_unet_diffusion.py",
+    "flax linen physics-informed network (`jax.hessian` / `jax.grad` of the model in the loss)": "train_pinn.py",
+    "flax linen top-2 GShard mixture of experts (capacity dispatch, `sow` aux loss)": "train_flax_moe.py",
 }
 ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 

@@ -335,7 +335,8 @@ def fold_retraced_mesh_ops(closed_jaxpr):
       became literals are moved into the scan's body;
     - a broadcasting multiply's operand of the result's shape (``dt * y`` in diffrax's
       ``ODETerm.prod``, vmapped) as ``reshape[sharding=P(None, ...)]`` to its own shape on an
-      Auto-axes mesh: each such identity reshape is replaced by its operand.
+      Auto-axes mesh, and ``jax.jacrev``'s unravelled rows as ``convert_element_type`` to their
+      own dtype (``_possible_downcast``): each such identity op is replaced by its operand.
     The same computation as the first trace, in a different program; folded, both traces lower to
     the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
     from jax.extend import core
@@ -349,7 +350,7 @@ def fold_retraced_mesh_ops(closed_jaxpr):
                 env[eqn.outvars[0]] = core.Literal(invars[0].val, eqn.outvars[0].aval)
                 changed = True
                 continue
-            if _identity_reshape(eqn, invars):
+            if _identity_op(eqn, invars):
                 env[eqn.outvars[0]] = invars[0]
                 changed = True
                 continue
@@ -372,16 +373,21 @@ def fold_retraced_mesh_ops(closed_jaxpr):
     return closed_jaxpr.replace(jaxpr=jaxpr) if changed else closed_jaxpr
 
 
-def _identity_reshape(eqn, invars) -> bool:
-    """A ``reshape`` of a value to its own shape and dtype whose sharding, if any, names no mesh
-    axis on a mesh whose axes are all Auto (it moves nothing)."""
+def _identity_op(eqn, invars) -> bool:
+    """A ``reshape`` of a value to its own shape, or a ``convert_element_type`` to its own dtype
+    and weak type, whose sharding, if any, names no mesh axis on a mesh whose axes are all Auto
+    (it moves and changes nothing)."""
     from jax.extend import core
 
-    if eqn.primitive.name != "reshape" or len(invars) != 1 or not isinstance(invars[0], core.Var):
+    name = eqn.primitive.name
+    if name not in ("reshape", "convert_element_type") or len(invars) != 1 or not isinstance(invars[0], core.Var):
         return False
     src, dst = invars[0].aval, eqn.outvars[0].aval
-    if (tuple(eqn.params.get("new_sizes", ())) != tuple(src.shape) or eqn.params.get("dimensions") is not None
-            or src.dtype != dst.dtype or src.shape != dst.shape):
+    if src.dtype != dst.dtype or src.shape != dst.shape or getattr(src, "weak_type", False) != getattr(
+            dst, "weak_type", False):
+        return False
+    if name == "reshape" and (tuple(eqn.params.get("new_sizes", ())) != tuple(src.shape)
+                              or eqn.params.get("dimensions") is not None):
         return False
     sharding = eqn.params.get("sharding")
     if sharding is None:

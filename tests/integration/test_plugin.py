@@ -239,7 +239,8 @@ def test_typed_prng_key_step_is_planned_once():
 
 @pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", "train_scan_loop.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
-    "train_muon.py", "train_equinox_bn.py", "train_diffrax_ode.py", "train_unet_diffusion.py"))])
+    "train_muon.py", "train_equinox_bn.py", "train_diffrax_ode.py", "train_unet_diffusion.py", "train_pinn.py",
+    "train_flax_moe.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
@@ -254,7 +255,10 @@ def test_library_training_loops_plan_the_step(script):
     for an eager op and ran untouched); a diffrax neural ODE (adaptive-step while loops and
     checkpointed adjoint loops; traced again under the mesh, jax adds identity reshapes that made
     a second plan and compile: ``_compat.fold_retraced_mesh_ops``); a diffusion UNet (convolutions,
-    transposed convolutions, GroupNorm, an EMA of the parameters in the state). The
+    transposed convolutions, GroupNorm, an EMA of the parameters in the state); a physics-informed
+    network (``jax.hessian`` of the model in its loss: traced again under the mesh, jacrev's rows
+    gained identity ``convert_element_type``s that made a second plan and compile, now folded);
+    a user-written top-2 GShard mixture of experts (capacity dispatch, ``sow``'d aux loss). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)
