@@ -162,15 +162,14 @@ def test_elementwise_reads_that_move_an_axis_compile_without_rematerialization()
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(jax.__version_info__ < (0, 11), strict=True, raises=AssertionError,
-                   reason="known: on jax 0.10.2 the 2x4 plan of a dense top-2 MoE stacked by nn.scan keeps "
-                          "the loop carry split over (x, y) on its hidden dim and reads it in the body split "
-                          "over batch (x) and sequence (y); that XLA replicates the carry for each of the "
-                          "4 reshards ('Involuntary full rematerialization'); jax 0.12's does not")
 def test_a_scanned_moe_stack_compiles_without_rematerialization():
     """A flax MoE layer stack (``nn.scan``; router, ``top_k`` gate, dense expert einsums, a z-loss
     output per layer) between two projections, planned on 2x4: no reshard XLA can only do by
-    replicating the whole tensor. (A plugin probe found it; losses match either way.)"""
+    replicating the whole tensor. The plan carries the layer input split over batch (x) and
+    sequence (y) and the input projection makes it split on its hidden dim over (x, y); the
+    while's init operand was not pinned, so jax 0.10.2's XLA took the init's layout for the loop
+    carry and rematerialized it 4 times (to and from the body's layout); now the init is
+    resharded once, in steps, before the loop (``emit.targets.is_carry``)."""
     import flax.linen as nn
     import optax
     from flax.training import train_state

@@ -282,26 +282,52 @@ def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
     return targets
 
 
+def carry_whiles(graph: OpGraph) -> dict:
+    """Carry node (a while's carried slot, ``op_index`` -3) -> the ``op_index`` of its
+    ``stablehlo.while`` in the carry's block: the result node of the same slot, which extraction
+    tied to the same yield."""
+    tied = collections.defaultdict(list)
+    for a, b in graph.ties:
+        tied[int(b)].append(int(a))
+    out = {}
+    for nodes in tied.values():
+        for c in nodes:
+            lc = graph.locators[c]
+            if lc.op_index != -3:
+                continue
+            whiles = {graph.locators[r].op_index for r in nodes if graph.op_names[r] == "stablehlo.while"
+                      and graph.locators[r].op_index >= 0 and (graph.locators[r].func, graph.locators[r].nest,
+                      graph.locators[r].call_path, graph.locators[r].result) == (lc.func, lc.nest, lc.call_path, lc.result)}
+            if len(whiles) == 1:
+                out[c] = whiles.pop()
+    return out
+
+
 def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) -> list:
-    """[(consumer op, operand index, dims)] for use-site requests, one per MLIR use."""
+    """[(consumer op, operand index, dims)] for use-site requests, one per MLIR use. A carry
+    node's read of its init operand is the ``stablehlo.while``'s operand of that slot."""
     wanted = collections.defaultdict(set)
     node_of = {}
+    whiles = carry_whiles(graph) if any(graph.locators[v].op_index == -3 for v, _ in uses) else {}
     for (v, t), dims in uses.items():
         loc = graph.locators[v]
-        if loc.op_index < 0:
+        if loc.op_index == -3 and v in whiles:
+            key = (_block_key(loc), whiles[v], loc.result)
+        elif loc.op_index < 0:
             report.skip(SKIP_PARAM_OUTPUT)
             continue
-        key = (_block_key(loc), loc.op_index, t)
+        else:
+            key = (_block_key(loc), loc.op_index, t)
         wanted[key].add(dims)
-        node_of[key] = min(v, node_of.get(key, v))
+        node_of[key] = min((v, t), node_of.get(key, (v, t)))
     out = []
     for (block, index, t), all_dims in sorted(wanted.items()):
-        v = node_of[(block, index, t)]
+        v, graph_t = node_of[(block, index, t)]
         op = blocks[block][index]
         if len(all_dims) != 1 or t >= len(op.operands):
             report.skip(SKIP_CALL_PATHS)
             continue
-        out.append((op, t, next(iter(all_dims)), v))
+        out.append((op, t, next(iter(all_dims)), v, graph_t))
     return out
 
 
@@ -369,10 +395,10 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
             value.replace_all_uses_except(c.result, c.operation)
             report.inserted += 1
         made: dict = {}  # (block, value, layouts so far) -> the constraint that reaches them
-        for op, t, dims, v in use_targets:  # after value constraints: wrap what the op now reads
+        for op, t, dims, v, graph_t in use_targets:  # after value constraints: wrap what the op now reads
             value, block, done = op.operands[t], op.operation.block, ()
-            with constraint_location(v, t):
-                for step in [*steps.get((v, t), ()), dims]:
+            with constraint_location(v, graph_t):
+                for step in [*steps.get((v, graph_t), ()), dims]:
                     done += (step,)
                     key = (block, op.operands[t], done)
                     if key not in made:  # (uses come in block order: the first one dominates)

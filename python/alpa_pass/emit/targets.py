@@ -30,9 +30,19 @@ def constraint_targets(graph: OpGraph, plan, mesh: LogicalMesh, emit: str = "all
     return out
 
 
+def is_carry(graph: OpGraph, v: int) -> bool:
+    """Whether node ``v`` is a while's carried slot: it reads the loop's init operand in the
+    layout the loop carries. XLA takes the carry's layout from the init unless the while's
+    operand is pinned, and a body that reads the carry in the plan's layout then reshards it on
+    every iteration (a MoE layer stack on 2x4, jax 0.10.2: init split ``[1, 1, 8]``, body
+    ``[2, 4, 1]``, each of 4 reshards a full rematerialization)."""
+    return graph.locators[v].op_index == -3
+
+
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     """(node, operand index) -> dims, where an anchor op (dot, convolution, reduce, gather,
-    scatter) reads an operand in another layout than its producer's: pin the layout the plan
+    scatter) or a while's carry (:func:`is_carry`) reads an operand in another layout than its
+    producer's: pin the layout the plan
     reshards it to, so XLA does exactly the planned resharding (and never partitions, e.g., a
     gather whose indices and operand disagree on batching dims — XLA 0.10 computes that wrongly on
     CPU; or reduces a whole operand the plan slices first, then all-reduces and slices the result).
@@ -41,7 +51,7 @@ def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     layout, reached in ``operand_steps``)."""
     out = {}
     for v in range(graph.num_nodes):
-        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS:
+        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS and not is_carry(graph, v):
             out.update(_slice_first_targets(graph, plan, mesh, v))
             out.update({(v, t): mesh.dim_axes(plan.operand_specs[v][t], len(graph.shape(u)))
                         for t, u in enumerate(graph.operands(v)) if _moving_reshard(graph, plan, mesh, v, t)})
@@ -66,7 +76,7 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
                     anchor_reads[u].append(v)
     out = {}
     for v in range(graph.num_nodes):
-        anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS
+        anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS or is_carry(graph, v)
         for t, u in enumerate(graph.operands(v)):
             src, want = plan.node_specs[u], plan.operand_specs[v][t]
             if want == src or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:
