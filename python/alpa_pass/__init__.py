@@ -37,6 +37,8 @@ _EXPORTS = {
     "init": "alpa_pass.cluster", "shutdown": "alpa_pass.cluster",
     "DeviceCluster": "alpa_pass.cluster", "get_global_cluster": "alpa_pass.cluster",
     "get_global_physical_mesh": "alpa_pass.cluster", "get_global_virtual_physical_mesh": "alpa_pass.cluster",
+    "get_global_num_devices": "alpa_pass.cluster", "prefetch": "alpa_pass.cluster",
+    "global_config": "alpa_pass.global_env",
     "PhysicalDeviceMesh": "alpa_pass.physical_mesh", "LocalPhysicalDeviceMesh": "alpa_pass.physical_mesh",
 }
 
@@ -44,7 +46,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in ("testing", "util"):  # Alpa's submodules: alpa.testing.assert_allclose, alpa.util.benchmark_func
+    if name in ("testing", "util", "model"):  # Alpa's submodules: alpa.testing.assert_allclose, alpa.util.benchmark_func,
+        # alpa.model.model_util.TrainState
         return importlib.import_module(f"alpa_pass.{name}")
     module = _EXPORTS.get(name)
     if module is None:
@@ -61,8 +64,10 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers and IDEs see the names directly
     from alpa_pass.api import ParallelizedFunction, parallelize  # noqa: F401
     from alpa_pass.checkpoint import restore_checkpoint, save_checkpoint  # noqa: F401
-    from alpa_pass.cluster import (DeviceCluster, get_global_cluster, get_global_physical_mesh,  # noqa: F401
-                                   get_global_virtual_physical_mesh, init, shutdown)
+    from alpa_pass.cluster import (DeviceCluster, get_global_cluster, get_global_num_devices,  # noqa: F401
+                                   get_global_physical_mesh, get_global_virtual_physical_mesh, init, prefetch,
+                                   shutdown)
+    from alpa_pass.global_env import global_config  # noqa: F401
     from alpa_pass.physical_mesh import LocalPhysicalDeviceMesh, PhysicalDeviceMesh  # noqa: F401
     from alpa_pass.errors import (AlpaPassError, ArgumentError, CheckpointError, CompileError,  # noqa: F401
                                   EmitError, ExtractError, InfeasibleError, MeshError, OptionError,

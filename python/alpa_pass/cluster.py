@@ -86,3 +86,18 @@ def get_global_physical_mesh(create_if_not_exist: bool = True):
 
 
 get_global_virtual_physical_mesh = get_global_physical_mesh
+
+
+def get_global_num_devices() -> int:
+    """Alpa's ``get_global_num_devices``: the devices of this run, every process's."""
+    return jax.device_count()
+
+
+def prefetch(tree) -> None:
+    """Alpa's ``alpa.prefetch``: start copying the arrays of ``tree`` to the host, so that a later
+    ``np.asarray`` (``alpa_pass.util.map_to_nparray``) waits less. Leaves that are not jax
+    arrays are left alone."""
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+            leaf.copy_to_host_async()
+

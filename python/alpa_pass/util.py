@@ -1,10 +1,12 @@
-"""``benchmark_func``: Alpa's timing loop (``alpa.util.benchmark_func``), for scripts that time a
-parallelized step the way Alpa's tutorials do. It only measures; no plan depends on it."""
+"""Alpa's ``alpa.util`` helpers that scripts written for Alpa call: ``benchmark_func`` (its timing
+loop: it only measures, no plan depends on it), ``count_communication_primitives``,
+``get_metrics`` and ``map_to_nparray`` (metrics and parameters brought to the host)."""
 from __future__ import annotations
 
 import math
 import time
 
+import jax
 import numpy as np
 
 
@@ -46,3 +48,19 @@ def count_communication_primitives(hlo_text: str, ignore_scalar_all_reduce: bool
              if not (ignore_scalar_all_reduce and c.kind == "all-reduce" and all(s == () for s in c.shapes))]
     return (len(kinds), kinds.count("all-reduce"), kinds.count("all-gather"), kinds.count("reduce-scatter"),
             kinds.count("all-to-all"))
+
+
+def map_to_nparray(tree):
+    """Alpa's ``map_to_nparray``: ``tree`` with every array leaf as a numpy array on the host
+    (a sharded one gathered); other leaves as they are."""
+    return jax.tree.map(lambda x: np.asarray(x) if hasattr(x, "__array__") else x, tree)
+
+
+def get_metrics(device_metrics):
+    """Alpa's (and flax's ``common_utils``) ``get_metrics``: a list of per-step metric pytrees as one
+    pytree of numpy arrays stacked along a new leading axis (one row per step)."""
+    from alpa_pass.cluster import prefetch
+
+    prefetch(device_metrics)
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *device_metrics)
+

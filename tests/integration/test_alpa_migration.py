@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import logging
 import pathlib
@@ -268,3 +269,67 @@ def test_alpa_2d_mlp_with_the_measured_profile_compiles_to_all_reduces_only():
         counts[name] = alpa.util.count_communication_primitives(exe.get_hlo_text())
         alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
     assert counts == {"unit": (L + 3, L, 3, 0, 0), "measured": (L, L, 0, 0, 0)}, counts
+
+
+def _clm_train_step(state, batch):
+    """Alpa's examples/gpt2/run_clm_flax.py step, its loss a regression: dynamic loss scaling and
+    a skipped update where the gradients are not finite."""
+    def loss_fn(params):
+        return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
+
+    dynamic_scale = state.dynamic_scale
+    if dynamic_scale:
+        dynamic_scale, is_fin, loss, grads = dynamic_scale.value_and_grad(loss_fn)(state.params)
+    else:
+        loss, grads = alpa.value_and_grad(loss_fn)(state.params)
+    new_state = state.apply_gradients(grads=grads)
+    if dynamic_scale:
+        keep = functools.partial(jnp.where, is_fin)
+        new_state = new_state.replace(opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state),
+                                      params=jax.tree.map(keep, new_state.params, state.params),
+                                      dynamic_scale=dynamic_scale)
+    return new_state, {"loss": loss}
+
+
+def test_alpa_example_training_loop_helpers(setup):
+    """What Alpa's training examples (gpt2 run_clm_flax, imagenet, ViT) call around the step:
+    ``alpa.model.model_util.TrainState`` / ``DynamicScale``, ``get_global_num_devices``,
+    ``alpa.util.get_metrics``, ``prefetch`` + ``util.map_to_nparray``, ``global_config``."""
+    from alpa_pass.model.model_util import DynamicScale, TrainState as AlpaTrainState
+
+    flax_state, batch = setup
+    assert alpa.get_global_num_devices() == jax.device_count() == 8
+    state = AlpaTrainState.create(apply_fn=flax_state.apply_fn, params=flax_state.params, tx=optax.adam(1e-3),
+                                  dynamic_scale=DynamicScale(growth_interval=2, scale=2.0 ** 10))
+    assert alpa.model.model_util.TrainState is AlpaTrainState
+    step, plain = alpa.parallelize(_clm_train_step), jax.jit(_clm_train_step)
+    metrics, s, ref = [], state, state
+    for _ in range(3):
+        s, m = step(s, batch)
+        ref, m_ref = plain(ref, batch)
+        metrics.append(m)
+        assert float(m["loss"]) == pytest.approx(float(m_ref["loss"]), rel=1e-5)
+    # the scale grew after 2 finite steps (powers of two: the scaled gradients are exact)
+    assert float(s.dynamic_scale.scale) == float(ref.dynamic_scale.scale) == 2.0 ** 11
+    assert int(s.step) == 3 and any(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(s.params))
+    stacked = alpa.util.get_metrics(metrics)
+    assert isinstance(stacked["loss"], np.ndarray) and stacked["loss"].shape == (3,)
+    alpa.prefetch(s.params)
+    host = alpa.util.map_to_nparray(s.params)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
+    alpa.testing.assert_allclose(host, jax.device_get(ref.params), rtol=1e-5, atol=1e-5)
+    # mixed precision: float16 parameters, the optimizer on a float32 master copy
+    mixed = AlpaTrainState.create(apply_fn=flax_state.apply_fn, params=flax_state.params, tx=optax.adam(1e-3),
+                                  use_master_copy=True)
+    assert {x.dtype for x in jax.tree.leaves(mixed.params)} == {jnp.dtype(jnp.float16)}
+    after = mixed.apply_gradients(grads=jax.tree.map(jnp.ones_like, mixed.master_copy))
+    assert {x.dtype for x in jax.tree.leaves(after.master_copy)} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_allclose(jax.tree.leaves(after.params)[0], jax.tree.leaves(after.master_copy)[0], rtol=1e-3)
+    # Alpa's settings are accepted and read back; a name Alpa did not have is an AttributeError
+    alpa.global_config.flax_always_use_fp16_embedding = True
+    assert alpa.global_config.flax_always_use_fp16_embedding is True
+    alpa.global_config.flax_always_use_fp16_embedding = False
+    with pytest.raises(AttributeError, match="no setting 'use_tpu'"):
+        alpa.global_config.use_tpu = True
+    with pytest.raises(ValueError, match="drop axis_name"):
+        DynamicScale().value_and_grad(lambda p: p, axis_name="batch")

@@ -23,7 +23,7 @@ LAYERS = [
     {"alpa_pass.pipeline"},
     {"alpa_pass.methods"},
     {"alpa_pass.api", "alpa_pass.plugin", "alpa_pass.tools", "alpa_pass.launch", "alpa_pass.checkpoint",
-     "alpa_pass.cluster", "alpa_pass.testing", "alpa_pass.util"},
+     "alpa_pass.cluster", "alpa_pass.testing", "alpa_pass.util", "alpa_pass.global_env", "alpa_pass.model"},
 ]
 
 
