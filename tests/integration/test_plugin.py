@@ -271,6 +271,34 @@ def test_library_training_loops_plan_the_step(script):
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
 
 
+_INJECT = ("import json, runpy, sys\n"
+           "import alpa_pass.plugin as plugin, alpa_pass.plugin.planner as planner\n"
+           "def plan(*args, **kwargs):\n"
+           "    raise RuntimeError('injected planner bug')\n"
+           "planner.PluginPlanner.plan = plan\n"
+           "runpy.run_path(sys.argv[1], run_name='__main__')\n"
+           "print('STATS ' + json.dumps(plugin.stats()))\n")
+
+
+def test_an_unexpected_planning_error_leaves_the_step_to_plain_jit(plain_run):
+    """A bug while planning (injected: the planner raises RuntimeError) does not end the user's
+    run: it is logged with its traceback, the step runs as plain jax.jit with the same losses, and
+    stats count it as failed. ``ALPA_PASS_STRICT=1`` raises it instead."""
+    script = str(SCRIPTS / "train_mlp.py")
+    proc = subprocess.run([sys.executable, "-c", _INJECT, script], env=_env(JAX_PLUGINS="alpa_pass"),
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "unexpected RuntimeError while planning train_step" in proc.stderr
+    assert "injected planner bug" in proc.stderr and "Traceback" in proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    stats = json.loads(lines[-1][len("STATS "):])
+    assert stats["failed"] == 1 and stats["planned"] == 0, stats
+    assert json.loads(lines[-2])["losses"] == plain_run[0]["losses"]
+    strict = subprocess.run([sys.executable, "-c", _INJECT, script], env=_env(JAX_PLUGINS="alpa_pass", ALPA_PASS_STRICT="1"),
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert strict.returncode != 0 and "RuntimeError: injected planner bug" in strict.stderr
+
+
 def test_a_step_with_debug_prints_is_planned_and_prints_once_per_step():
     """``jax.debug.print`` and ``jax.debug.callback`` inside the step (unordered effects) no longer
     make the plugin pass the step by: it is planned, each callback runs once per step and sees the

@@ -38,6 +38,8 @@ class PluginConfig:
         sums emitted as reduce-scatters).
       peel_scans: ``AutoShardingOption.peel_layer_scans`` (a scanned layer stack's backward loop
         runs its last iteration outside the loop; ``ALPA_PASS_PEEL_SCANS=0`` turns it off).
+      strict: an unexpected error while planning (a bug of alpa_pass's or XLA's) is raised; by
+        default it is logged with its traceback and the computation runs as plain ``jax.jit``.
     """
 
     method: str = "shard"
@@ -49,6 +51,7 @@ class PluginConfig:
     min_bytes: int = DEFAULT_MIN_BYTES
     reduce_scatter: bool = False
     peel_scans: bool = True
+    strict: bool = False
 
 
 def plugin_enabled(environ: Mapping[str, str]) -> bool:
@@ -81,7 +84,8 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
         log_level=parse_log_level(_get(environ, "ALPA_PASS_LOG")),
         min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES,
         reduce_scatter=parse_flag(environ, "ALPA_PASS_REDUCE_SCATTER", False),
-        peel_scans=parse_flag(environ, "ALPA_PASS_PEEL_SCANS", True))
+        peel_scans=parse_flag(environ, "ALPA_PASS_PEEL_SCANS", True),
+        strict=parse_flag(environ, "ALPA_PASS_STRICT", False))
 
 
 def parse_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:

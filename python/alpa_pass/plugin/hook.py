@@ -232,8 +232,14 @@ class LoweringHook:
                           kept=tuple(_compat.kept_var_idx(computation)), followable=follow)
         except (PluginConfigError, MeshError):
             raise
-        except AlpaPassError as e:
-            log.warning("alpa_pass could not plan %s; it runs as plain jax.jit: %s", args[2], e)
+        except Exception as e:
+            if isinstance(e, AlpaPassError):
+                log.warning("alpa_pass could not plan %s; it runs as plain jax.jit: %s", args[2], e)
+            elif self.config.strict:
+                raise
+            else:  # a bug (ours or XLA's) must not end the user's run
+                log.error("alpa_pass: unexpected %s while planning %s; it runs as plain jax.jit (please report "
+                          "this; ALPA_PASS_STRICT=1 raises it)", type(e).__name__, args[2], exc_info=True)
             self._cache.setdefault(key, []).append(Entry(args[2], None, (), None))
             self.stats.failed += 1
             return original(*args, **kwargs)
