@@ -100,4 +100,3 @@ def prefetch(tree) -> None:
     for leaf in jax.tree.leaves(tree):
         if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
             leaf.copy_to_host_async()
-

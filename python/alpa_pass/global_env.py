@@ -5,11 +5,14 @@ Alpa's settings tuned its Ray runtime (timers' syncs, remote-array deletion, NCC
 modes, the stage profiler) and its own model zoo (fp16 embeddings). alpa_pass has no such runtime:
 every setting is accepted and read back, none changes a plan or a result (plans are functions of
 the program, mesh and options only), and a changed one is logged once at info level saying so. A
-name Alpa did not have raises AttributeError.
+name Alpa did not have raises AttributeError; ``overwrite_submesh_choices``, which chose Alpa's
+pipeline submeshes, raises OptionError naming the option that does it here.
 """
 from __future__ import annotations
 
 import logging
+
+from alpa_pass.errors import OptionError
 
 log = logging.getLogger("alpa_pass")
 
@@ -47,6 +50,10 @@ class GlobalConfig:
         if name not in self._values:
             raise AttributeError(f"global_config has no setting {name!r}; alpa_pass's own settings are "
                                  f"AutoShardingOption fields and ALPA_PASS_* environment variables")
+        if name == "overwrite_submesh_choices" and value is not None:
+            raise OptionError("global_config.overwrite_submesh_choices: give the submeshes to the stage DP as "
+                              "AutoStageOption(submesh_physical_shape_space='manual', "
+                              "manually_specified_submeshes=[(rows, cols), ...])")
         if value != ALPA_DEFAULTS[name] and name not in self._noted:
             self._noted.add(name)
             log.info("alpa_pass: global_config.%s = %r has no effect here (it tuned Alpa's Ray runtime or "

@@ -331,5 +331,7 @@ def test_alpa_example_training_loop_helpers(setup):
     alpa.global_config.flax_always_use_fp16_embedding = False
     with pytest.raises(AttributeError, match="no setting 'use_tpu'"):
         alpa.global_config.use_tpu = True
+    with pytest.raises(alpa.OptionError, match="manually_specified_submeshes"):
+        alpa.global_config.overwrite_submesh_choices = [(1, 4)]
     with pytest.raises(ValueError, match="drop axis_name"):
         DynamicScale().value_and_grad(lambda p: p, axis_name="batch")
