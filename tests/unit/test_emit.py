@@ -200,3 +200,36 @@ def test_uses_of_one_value_share_the_steps_they_have_in_common(mesh, last, inser
     assert lowered.as_text().count("sdy.sharding_constraint") == inserted
     for got, want in zip(lowered.compile()(*args), jax.jit(_two_reads)(*args)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _loop(w, x):
+    h = x @ w
+    return jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c) * 0.5 + c, h)
+
+
+def test_a_carry_reads_its_init_through_the_whiles_operand(mesh):
+    """A use-site layout on a while's carry node (it reads the loop's init) pins the
+    ``stablehlo.while`` operand of that slot: the loop carries that layout (without it XLA takes
+    the init's and reshards inside the body every iteration). The constraint is named after the
+    carry node and its graph operand 0."""
+    from alpa_pass.emit.constraints import carry_whiles
+
+    rng = np.random.default_rng(0)
+    args = tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((16, 32), (8, 16)))
+    graph, lowered = _lower_both(_loop, args, mesh)
+    whiles = carry_whiles(graph)
+    results = [v for v in _nodes(graph, "stablehlo.while") if graph.locators[v].op_index >= 0]
+    carries = [v for v in range(graph.num_nodes) if graph.locators[v].op_index == -3]
+    assert sorted(whiles) == carries and set(whiles.values()) == {graph.locators[results[0]].op_index}
+    carry = next(c for c in carries if graph.shape(c) == (8, 32))
+    dot = _nodes(graph, "stablehlo.dot_general")[0]
+    report = insert_constraints(lowered._lowering._hlo, graph, {dot: [(), ("y",)]},
+                                operand_dim_shardings={(carry, 0): [("x",), ()]},
+                                operand_steps={(carry, 0): [[(), ()]]})
+    assert report.inserted == 3 and report.skipped == {}
+    text = lowered.as_text(debug_info=True)
+    assert f'loc("alpa_pass/use/%{carry}/0")' in text
+    # the dot's layout, the step, then the carried layout, which the while takes as its operand
+    pinned = re.search(r'(%\d+) = sdy.sharding_constraint %\d+ <@mesh, \[\{"x"\}, \{\}\]>', text).group(1)
+    assert re.search(rf"stablehlo.while\(%\w+ = %\w+, %\w+ = {pinned}\)", text), text
+    np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_loop)(*args), rtol=1e-5, atol=1e-5)
