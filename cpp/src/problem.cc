@@ -163,7 +163,7 @@ std::vector<IlpEquality> tie_equalities(const Graph& g, const ShardingProblem& p
 }
 
 // One self-equality per pinned node: strategies whose out spec differs from the pin (on mesh axes
-// of size > 1) are forbidden.
+// of size > 1) are forbidden. A pin entry kAnyDim (-2) leaves that mesh axis free.
 std::vector<IlpEquality> pin_equalities(const Graph& g, const Mesh& mesh, const ShardingProblem& p,
                                         const std::vector<std::pair<int64_t, Spec>>& pinned) {
   std::vector<IlpEquality> eqs;
@@ -181,14 +181,16 @@ std::vector<IlpEquality> pin_equalities(const Graph& g, const Mesh& mesh, const 
     for (size_t i = 0; i < list.size(); ++i) {
       bool same = true;
       for (int a = 0; a < mesh.ndim(); ++a) {
-        if (mesh.shape[a] > 1 && list[i].out[a] != want[a]) same = false;
+        if (mesh.shape[a] > 1 && want[a] != kAnyDim && list[i].out[a] != want[a]) same = false;
       }
       if (same) eq.match[i] = static_cast<int64_t>(i);
       have += (i ? ", " : "") + spec_to_string(list[i].out, static_cast<int>(g.shape(v).size()));
     }
     if (std::all_of(eq.match.begin(), eq.match.end(), [](int64_t m) { return m < 0; })) {
+      Spec shown = want;  // (free axes shown as replicated)
+      std::replace(shown.begin(), shown.end(), static_cast<int32_t>(kAnyDim), -1);
       throw std::invalid_argument("cannot pin " + node_label(g, v) + " to spec " +
-                                  spec_to_string(want, static_cast<int>(g.shape(v).size())) +
+                                  spec_to_string(shown, static_cast<int>(g.shape(v).size())) +
                                   ": its strategies produce only " + have);
     }
     eqs.push_back(std::move(eq));

@@ -601,7 +601,8 @@ def build_sharding_problem(graph: Graph, mesh: Mesh, options: CoreOptions, ties:
     ties: node pairs whose result specs must be equal.
     donated_args: flat entry-argument indices whose buffers may be reused.
     pinned: (node, spec) pairs; the node may only take strategies whose result spec equals
-    spec (size-1 mesh axes ignored); ValueError if none does (problem.h).
+    spec (size-1 mesh axes ignored; an entry -2 leaves its axis free); ValueError if none
+    does (problem.h).
     pinned_uses: pinned nodes whose users must read them in the pinned spec (no resharding
     on their out-edges); users that cannot are left free (unpinned_uses).
     node_weights: empty, or a cost factor >= 0 per node (a loop body's trip count).

@@ -137,7 +137,9 @@ class AutoShardingOption:
         wherever a layout allows (``_core.Mesh.all_gather_forbidden``). One it cannot avoid stays,
         and ``plan.objective`` shows its price.
       force_batch_dim_to_mesh_dim: the batch arguments (``ShardParallel.batch_argnums``) are split
-        on dim 0 over this mesh axis and replicated over the others; the planner decides the rest.
+        on dim 0 over this mesh axis and replicated over the others, and, as in Alpa, every dot
+        and convolution whose result has a batch dim (followed from the batch's dim 0) splits it
+        over this axis (a size-1 axis: no restriction); the planner decides the rest.
         ``None``: the planner decides the batch too (Alpa, given ``None`` on a 2-D mesh, forces
         axis 0). Not for pipeline stages (OptionError).
       force_data_parallel: plan as ``DataParallel`` (batch over all devices, parameters and

@@ -103,6 +103,14 @@ def test_init_says_how_to_get_what_the_script_asks_for(kwargs, match):
 def _alpa_mlp_step(method, num_layers, batch_size, hidden):
     """Alpa's test_mlp.py flow: a flax MLP in a TrainState, a step that returns only the new state,
     ``train_step.get_last_executable()``; returns (new state, jit's new state, executable)."""
+    train_step, state, batch = _alpa_mlp(num_layers, batch_size, hidden)
+    step = alpa.parallelize(train_step, method=method)
+    actual = step(state, batch)
+    return actual, jax.jit(train_step)(state, batch), step.get_last_executable()
+
+
+def _alpa_mlp(num_layers, batch_size, hidden):
+    """(train_step, state, batch) of Alpa's test_mlp.py MLP."""
     class Model(nn.Module):
         @nn.compact
         def __call__(self, x):
@@ -123,9 +131,7 @@ def _alpa_mlp_step(method, num_layers, batch_size, hidden):
     # comparison with jit at 1e-5)
     tx = optax.sgd(0.1, momentum=0.9)
     state = TrainState.create(apply_fn=model.apply, params=model.init(k1, batch["x"]), tx=tx)
-    step = alpa.parallelize(train_step, method=method)
-    actual = step(state, batch)
-    return actual, jax.jit(train_step)(state, batch), step.get_last_executable()
+    return train_step, state, batch
 
 
 def _spec(leaf) -> tuple:
@@ -200,6 +206,33 @@ def test_force_batch_dim_pins_the_batch_on_that_axis():
         _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([2, 2], [1, 1]),
                                           auto_sharding_option=alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=2)),
                        2, 8, 8)
+
+
+def test_force_batch_dim_splits_every_dots_batch_dim_on_that_axis():
+    """As Alpa restricts its dots' and convolutions' strategies: on 2x2 with the batch forced onto
+    x, every dot whose result has a batch dim (followed from the batch's dim 0) splits it over x,
+    y left to the planner; the weight-gradient dots (batch contracted) are free. Unforced, the
+    planner puts no dot's batch on x alone."""
+    from alpa_pass.driver.jit import make_plan
+    from alpa_pass.extract.batch_dims import batch_dims
+    from alpa_pass.extract.graph import OpKind
+
+    train_step, state, batch = _alpa_mlp(4, 32, 64)
+    mesh = _four_device_mesh([2, 2], [1, 1])
+    for forced in (None, 0):
+        method = alpa.ShardParallel(devices=mesh, auto_sharding_option=alpa.AutoShardingOption(
+            force_batch_dim_to_mesh_dim=forced))
+        plan, graph, _ = make_plan(train_step, (state, batch), mesh, method.planning_option(),
+                                   pin_policy=method.pin_policy(mesh))
+        seeds = {graph.param_nodes()[i]: 0 for i in range(len(jax.tree.leaves(state)), graph.num_args)}
+        dims = batch_dims(graph, seeds)
+        dots = [v for v in range(graph.num_nodes) if graph.kind[v] == OpKind.DOT]
+        batched = [v for v in dots if v in dims]
+        assert len(batched) == 4 + 3 and len(dots) == 4 + 3 + 4  # forward, input-gradient, weight-gradient
+        on_x = [plan.node_specs[v][0] == dims[v] for v in batched]
+        assert all(on_x) if forced == 0 else not all(on_x)
+    actual, expected, _ = _alpa_mlp_step(method, 4, 32, 64)  # (the forced plan)
+    alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
 
 
 def test_alpa_cluster_calls_and_keyword_names():

@@ -14,6 +14,9 @@
 
 namespace alpa {
 
+// A pin entry that leaves its mesh axis free (build_sharding_problem's `pinned`).
+constexpr int32_t kAnyDim = -2;
+
 struct ShardingProblem {
   std::vector<NodeStrategies> nodes;  // per node
   std::vector<int64_t> node_group;    // ILP group of each node; node strategy k == group choice k
@@ -36,8 +39,8 @@ struct ShardingProblem {
 // `copies` counted), kept out of `ilp`: ilp_with_memory_rows materialises those a solve needs.
 // With options.tie_repeated_layers the groups of repeated leaders are merged (repeat.h).
 // `pinned`: (node, spec) pairs; the node may only take strategies whose out spec equals spec
-// (entries on size-1 mesh axes are ignored), emitted as a self-equality (u == v) that forbids the
-// rest. Throws std::invalid_argument naming the node and its specs if none matches.
+// (entries on size-1 mesh axes are ignored, and entries kAnyDim leave their axis free: a partial
+// pin), emitted as a self-equality (u == v) that forbids the rest. Throws std::invalid_argument naming the node and its specs if none matches.
 // `pinned_uses`: pinned nodes that their users must also read in the pinned spec (no resharding on
 // their out-edges: a followed parameter is used where it lies). Each user's ILP group keeps only the
 // strategies that read every such operand as pinned; a group that would keep none keeps all (its

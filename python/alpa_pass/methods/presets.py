@@ -33,6 +33,7 @@ import numpy as np
 
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.errors import OptionError, ShardingError
+from alpa_pass.extract.batch_dims import batch_dims
 from alpa_pass.extract.graph import OpKind
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.base import alpa_names
@@ -237,8 +238,11 @@ def _batch_dim(path, shape, n: int) -> int:
 
 def batch_axis_pins(graph, mesh: LogicalMesh, args, batch_argnums, axis: int) -> list[tuple[int, list[int]]]:
     """Pins of Alpa's ``force_batch_dim_to_mesh_dim=axis``: each batch leaf (of ``batch_argnums``)
-    with a dim 0 split on dim 0 over mesh ``axis`` and replicated over the others. ``args`` None
-    (the plugin's flat leaves: no batch_argnums): none.
+    with a dim 0 split on dim 0 over mesh ``axis`` and replicated over the others; and, as Alpa
+    restricts its dots' and convolutions' strategies, every dot and convolution whose result has
+    a batch dim (``extract.batch_dims``: followed from the batch leaves' dim 0) that the axis
+    divides splits it over mesh ``axis``, the other axes free (a partial pin). ``args`` None (the
+    plugin's flat leaves: no batch_argnums): none.
 
     Raises OptionError for an axis the mesh lacks, ShardingError for a batch leaf whose dim 0
     the axis's size does not divide."""
@@ -256,7 +260,16 @@ def batch_axis_pins(graph, mesh: LogicalMesh, args, batch_argnums, axis: int) ->
             raise ShardingError(f"batch leaf {jax.tree_util.keystr(path)} {shape}: force_batch_dim_to_mesh_dim="
                                 f"{axis} splits dim 0 over that axis's {n} devices, which does not divide it")
         pins.append((nodes[i], [0 if a == axis and n > 1 else -1 for a in range(len(mesh.shape))]))
+    if n == 1:  # (a size-1 axis splits nothing: Alpa's plan is free there too)
+        return pins
+    dims = batch_dims(graph, {v: 0 for v, _ in pins})
+    for v, d in sorted(dims.items()):
+        if OpKind(int(graph.kind[v])) in (OpKind.DOT, OpKind.CONVOLUTION) and graph.shape(v)[d] % n == 0:
+            pins.append((v, [d if a == axis else ANY_DIM for a in range(len(mesh.shape))]))
     return pins
+
+
+ANY_DIM = -2  # a pin entry that leaves its mesh axis free (the core's kAnyDim)
 
 
 def _params_leaf_ids(args, params_at) -> set[int]:
