@@ -187,10 +187,8 @@ std::vector<IlpEquality> pin_equalities(const Graph& g, const Mesh& mesh, const 
       have += (i ? ", " : "") + spec_to_string(list[i].out, static_cast<int>(g.shape(v).size()));
     }
     if (std::all_of(eq.match.begin(), eq.match.end(), [](int64_t m) { return m < 0; })) {
-      Spec shown = want;  // (free axes shown as replicated)
-      std::replace(shown.begin(), shown.end(), static_cast<int32_t>(kAnyDim), -1);
-      throw std::invalid_argument("cannot pin " + node_label(g, v) + " to spec " +
-                                  spec_to_string(shown, static_cast<int>(g.shape(v).size())) +
+      throw std::invalid_argument("cannot pin " + node_label(g, v) + " to spec " +  // (free axes: R)
+                                  spec_to_string(want, static_cast<int>(g.shape(v).size())) +
                                   ": its strategies produce only " + have);
     }
     eqs.push_back(std::move(eq));
