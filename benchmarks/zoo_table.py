@@ -43,6 +43,8 @@ ZOO = {
     "flax linen diffusion UNet (`Conv`, `ConvTranspose`, `GroupNorm`, time embedding, EMA params in the state)": "train_unet_diffusion.py",
     "flax linen physics-informed network (`jax.hessian` / `jax.grad` of the model in the loss)": "train_pinn.py",
     "flax linen top-2 GShard mixture of experts (capacity dispatch, `sow` aux loss)": "train_flax_moe.py",
+    "flax linen MaxText/T5X style (`with_logical_partitioning`, boxed params, jitted init)": "train_t5x_logical.py",
+    "flax NNX LoRA (`LoRALinear`, `Optimizer(wrt=LoRAParam)`)": "train_nnx_lora.py",
 }
 ENV = {"train_flax_lm.py": {"ALPA_PASS_MESH": "2x4"}}  # (its table splits on 2x4)
 

@@ -240,7 +240,7 @@ def test_typed_prng_key_step_is_planned_once():
 @pytest.mark.parametrize("script", ["train_nnx.py", "train_haiku.py", "train_scan_loop.py", *(pytest.param(s, marks=pytest.mark.slow) for s in (
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
     "train_muon.py", "train_equinox_bn.py", "train_diffrax_ode.py", "train_unet_diffusion.py", "train_pinn.py",
-    "train_flax_moe.py"))])
+    "train_flax_moe.py", "train_t5x_logical.py"))])
 def test_library_training_loops_plan_the_step(script):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
@@ -258,7 +258,9 @@ def test_library_training_loops_plan_the_step(script):
     transposed convolutions, GroupNorm, an EMA of the parameters in the state); a physics-informed
     network (``jax.hessian`` of the model in its loss: traced again under the mesh, jacrev's rows
     gained identity ``convert_element_type``s that made a second plan and compile, now folded);
-    a user-written top-2 GShard mixture of experts (capacity dispatch, ``sow``'d aux loss). The
+    a user-written top-2 GShard mixture of experts (capacity dispatch, ``sow``'d aux loss); a
+    MaxText/T5X-style LM (``nn.with_logical_partitioning`` metadata without a mesh, boxed
+    parameters in the state, a jitted init). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
     devices, same losses."""
     plain, plain_info, _ = _run(script)
@@ -269,6 +271,21 @@ def test_library_training_loops_plan_the_step(script):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert len(out["losses"]) == len(plain["losses"]) >= 4 and all(p["devices"] == 8 for p in out["params"])
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
+
+
+@pytest.mark.slow
+def test_nnx_lora_fine_tuning_trains_only_the_adapters():
+    """tests/scripts/train_nnx_lora.py: flax NNX LoRA (``nnx.LoRALinear``, ``nnx.LoRA`` around a
+    head, ``Optimizer(wrt=nnx.LoRAParam)``, ``DiffState``): the step is planned once, the 37 base
+    weights stay bit-identical and the 10 adapters train, same losses as without the plugin."""
+    plain, _, _ = _run("train_nnx_lora.py")
+    out, run, stderr = _run("train_nnx_lora.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert stderr.count("planned train_step on mesh 1x8") == 1 and run["plugin"]["failed"] == 0
+    assert run["compiles"]["train_step"] == 1
+    assert out["base_unchanged"] and (out["n_base"], out["n_lora"], out["lora_changed"]) == (37, 10, 10)
+    for a, b in zip(out["losses"], plain["losses"]):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert all(p["devices"] == 8 for p in out["params"])
 
 
 _INJECT = ("import json, runpy, sys\n"
