@@ -22,9 +22,7 @@ def keyword_aliases(**aliases):
 
         @functools.wraps(init)
         def __init__(self, *args, **kwargs):
-            given = {a: kwargs.pop(a) for a in aliases if kwargs.get(a) is not None}
-            for a in aliases:
-                kwargs.pop(a, None)
+            given = {a: v for a in aliases if (v := kwargs.pop(a, None)) is not None}
             if given:
                 bound = signature.bind_partial(self, *args, **kwargs).arguments
                 bound.pop("self")

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from alpa_pass.errors import EmitError, ShardingError
-from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.extract.graph import CARRY_INDEX, OpGraph, OpKind
 from alpa_pass.extract.stablehlo import functions
 
 DimSharding = tuple  # mesh axis names of one tensor dim; () = replicated
@@ -283,7 +283,7 @@ def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
 
 
 def carry_whiles(graph: OpGraph) -> dict:
-    """Carry node (a while's carried slot, ``op_index`` -3) -> the ``op_index`` of its
+    """Carry node (a while's carried slot, ``op_index`` CARRY_INDEX) -> the ``op_index`` of its
     ``stablehlo.while`` in the carry's block: the result node of the same slot, which extraction
     tied to the same yield."""
     tied = collections.defaultdict(list)
@@ -293,7 +293,7 @@ def carry_whiles(graph: OpGraph) -> dict:
     for nodes in tied.values():
         for c in nodes:
             lc = graph.locators[c]
-            if lc.op_index != -3:
+            if lc.op_index != CARRY_INDEX:
                 continue
             whiles = {graph.locators[r].op_index for r in nodes if graph.op_names[r] == "stablehlo.while"
                       and graph.locators[r].op_index >= 0 and (graph.locators[r].func, graph.locators[r].nest,
@@ -308,10 +308,10 @@ def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) 
     node's read of its init operand is the ``stablehlo.while``'s operand of that slot."""
     wanted = collections.defaultdict(set)
     node_of = {}
-    whiles = carry_whiles(graph) if any(graph.locators[v].op_index == -3 for v, _ in uses) else {}
+    whiles = carry_whiles(graph) if any(graph.locators[v].op_index == CARRY_INDEX for v, _ in uses) else {}
     for (v, t), dims in uses.items():
         loc = graph.locators[v]
-        if loc.op_index == -3 and v in whiles:
+        if loc.op_index == CARRY_INDEX and v in whiles:
             key = (_block_key(loc), whiles[v], loc.result)
         elif loc.op_index < 0:
             report.skip(SKIP_PARAM_OUTPUT)

@@ -10,7 +10,7 @@ import collections
 
 from alpa_pass import _core
 from alpa_pass.emit.constraints import reshard_steps, slice_first
-from alpa_pass.extract.graph import OpGraph, OpKind
+from alpa_pass.extract.graph import CARRY_INDEX, OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
 ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
@@ -36,7 +36,7 @@ def is_carry(graph: OpGraph, v: int) -> bool:
     operand is pinned, and a body that reads the carry in the plan's layout then reshards it on
     every iteration (a MoE layer stack on 2x4, jax 0.10.2: init split ``[1, 1, 8]``, body
     ``[2, 4, 1]``, each of 4 reshards a full rematerialization)."""
-    return graph.locators[v].op_index == -3
+    return graph.locators[v].op_index == CARRY_INDEX
 
 
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:

@@ -53,7 +53,12 @@ import numpy as np
 # OpKind(8) is OpKind.DOT, OpKind.DOT.name == "DOT".
 from alpa_pass._core import OpKind
 
-__all__ = ["GraphBuilder", "OpGraph", "OpKind", "OpLocator"]
+__all__ = ["CARRY_INDEX", "GraphBuilder", "OUTPUT_INDEX", "OpGraph", "OpKind", "OpLocator",
+           "PARAM_INDEX"]
+
+# ``OpLocator.op_index`` of nodes that are no op of their block: a function argument, a
+# returned value, a while loop's carried slot (see OpLocator).
+PARAM_INDEX, OUTPUT_INDEX, CARRY_INDEX = -1, -2, -3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +67,9 @@ class OpLocator:
 
     ``func``: symbol name of the function that holds the op; ``op_index``: index of the op in that
     function's entry block (walk order of ``block.operations``); ``result``: result index.
-    PARAMETER nodes use ``op_index = -1`` and ``result`` = argument index of ``func``;
-    OUTPUT nodes use ``op_index = -2`` and ``result`` = result index; the loop-carried value of
-    a ``stablehlo.while`` (its regions' block arguments) uses ``op_index = -3`` and ``result`` =
+    PARAMETER nodes use ``op_index = PARAM_INDEX`` (-1) and ``result`` = argument index of ``func``;
+    OUTPUT nodes use ``op_index = OUTPUT_INDEX`` (-2) and ``result`` = result index; the loop-carried value of
+    a ``stablehlo.while`` (its regions' block arguments) uses ``op_index = CARRY_INDEX`` (-3) and ``result`` =
     the carried slot (no op of its own: never constrained).
     ``nest``: for an op inside a region (a while's cond/body, a case's branch), the
     ``(op_index, region_index)`` pairs leading from ``func``'s entry block to the op's block;

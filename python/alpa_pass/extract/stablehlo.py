@@ -19,7 +19,8 @@ from alpa_pass.errors import ExtractError
 from alpa_pass import _compat
 from alpa_pass.extract import op_table
 from alpa_pass.extract.accumulators import accumulated_comm_weights
-from alpa_pass.extract.graph import GraphBuilder, OpGraph, OpKind, OpLocator
+from alpa_pass.extract.graph import (CARRY_INDEX, OUTPUT_INDEX, PARAM_INDEX, GraphBuilder, OpGraph, OpKind,
+                                     OpLocator)
 
 _LOG = logging.getLogger("alpa_pass")
 _FILE_LOC = re.compile(r'"([^"]+)":(\d+):\d+')
@@ -197,7 +198,7 @@ class _Walker:
             m = _NAME_LOC.match(str(arg.location))
             nodes.append(self.add(
                 OpKind.PARAMETER, shape, nbytes, (), (i,), op_name="parameter",
-                label=m.group(1) if m else f"arg{i}", locator=OpLocator(fname, -1, i)))
+                label=m.group(1) if m else f"arg{i}", locator=OpLocator(fname, PARAM_INDEX, i)))
         return nodes
 
     def add_outputs(self, func_op, values: list[int]) -> None:
@@ -209,7 +210,7 @@ class _Walker:
                 label = ir.StringAttr(res_attrs[i]["jax.result_info"]).value
             shape, nbytes = self._info[v]
             self.add(OpKind.OUTPUT, shape, nbytes, (v,), (i,), op_name="output", label=label,
-                     locator=OpLocator(fname, -2, i))
+                     locator=OpLocator(fname, OUTPUT_INDEX, i))
 
     def walk(self, fname: str, arg_nodes: list[int], call_path: tuple) -> list[int]:
         """Add nodes for the body of ``fname``; return the node ids of its returned values."""
@@ -249,7 +250,7 @@ class _Walker:
         argument k reads) and a result node (identity of the body's k-th yield), and
         carry == yield == result specs are tied: the loop carries one layout."""
         carry = [self.add(OpKind.ELEMENTWISE, *self._info[u], (u,), (), op_name="stablehlo.while", label=f"carry{k}",
-                          locator=OpLocator(loc.func, -3, k, loc.call_path, loc.nest))
+                          locator=OpLocator(loc.func, CARRY_INDEX, k, loc.call_path, loc.nest))
                  for k, u in enumerate(ins)]
         yields, outer = None, self._weight
         trip = static_trip_count(op)
