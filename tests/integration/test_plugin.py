@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -148,6 +149,27 @@ def test_user_in_shardings_left_alone():
     assert run["plugin"]["enabled"] and run["plugin"]["planned"] == 0
     assert run["heavy_modules"] == []
     assert out == plain   # same spec, devices and bitwise-equal loss
+
+
+def test_aot_calls_user_meshes_and_explicit_axes_after_a_planned_init():
+    """A jitted init is planned; then (1) an AOT-compiled step, planned from shapes, is called with
+    the init's outputs and a frozen argument left in the init's layout (its call refused them:
+    "compiled for input shardings that disagree"; resharded on the fast path, a crash); (2) the
+    user's own 2x4 mesh named ('x', 'y'), like ours, with ``jit(in_shardings=...)`` (taken for
+    ours, replanned, then refused by jit); (3) Explicit-axes arrays outside ``jax.set_mesh``
+    (crashed lowering our probe). Each must run as plain jit does."""
+    plain, _, _ = _run("aot_and_user_meshes.py")
+    for mesh in ("2x4", "1x8"):
+        out, run, err = _run("aot_and_user_meshes.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH=mesh,
+                             ALPA_PASS_LOG="debug")
+        assert run["plugin"]["planned"] == 2 and run["plugin"]["failed"] == 0, err[-2000:]  # init, AOT step
+        assert "step runs untouched (user in_shardings)" in err
+        assert "runs untouched (arguments typed on the user's mesh (explicit sharding))" in err
+        assert out["user_specs"] == plain["user_specs"] == ["P(None, 'y')", "P('y',)"]
+        assert out["explicit"] == plain["explicit"]
+        for key in ("aot", "user_mesh"):
+            np.testing.assert_allclose(out[key], plain[key], rtol=1e-5)
+        assert run["compiles"]["step"] == 2  # the AOT step and the user's, as plain jit
 
 
 def test_bad_mesh_is_a_clear_error():
@@ -501,7 +523,6 @@ def test_jitted_init_of_a_model_over_the_memory_budget_is_planned(tmp_path):
     import importlib.util
 
     import jax
-    import numpy as np
 
     spec = importlib.util.spec_from_file_location("jit_init", SCRIPTS / "train_linen_jit_init.py")
     script = importlib.util.module_from_spec(spec)

@@ -47,7 +47,7 @@ def initialize() -> None:
         config, error = PluginConfig(), e
     _configure_logging(config.log_level)
     _HOOK = LoweringHook(config, error)
-    _compat.install_lowering_hook(_HOOK)
+    _compat.install_lowering_hook(_HOOK, owns=_HOOK.owns)
     # JAX initialises its backend (and so this plugin) from inside the lowering of the script's
     # first computation when nothing ran before it: that lowering already runs jax's own function
     _compat.replan_in_flight_lowering(_HOOK.plan_in_flight)

@@ -89,7 +89,7 @@ class LoweringHook:
         self._cache: dict = {}
         self._planner = None
         self._local = threading.local()
-        self._owned_meshes: set = set()  # (device ids, axis names) of the meshes of our plans
+        self._owned_meshes: set = set()  # mesh_identity() of the meshes of our plans
 
     def __call__(self, original, closed_jaxpr, api_name, fun_name, in_shardings, out_shardings,
                  in_layouts, out_layouts, donated_invars, **kwargs):
@@ -152,6 +152,10 @@ class LoweringHook:
             return "inside a user mesh context"
         if not all(_compat.is_unspecified(s) for s in out_shardings):
             return "user out_shardings"
+        if any(_compat.jit_given_in_shardings() or ()):
+            return "user in_shardings"
+        if _compat.on_explicit_mesh(closed_jaxpr):
+            return "arguments typed on the user's mesh (explicit sharding)"
         effects = _compat.unplannable_effects(closed_jaxpr)  # (unordered jax.debug.print: planned)
         if effects:
             return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
@@ -179,7 +183,7 @@ class LoweringHook:
         unlike the user's own shardings, which are left alone."""
         mesh = getattr(sharding, "mesh", None)
         devices = getattr(mesh, "devices", None)
-        return devices is not None and (tuple(d.id for d in devices.flat), tuple(mesh.axis_names)) in self._owned_meshes
+        return devices is not None and mesh_identity(mesh) in self._owned_meshes
 
     def _reuse_reason(self, entry: Entry, in_shardings) -> str | None:
         """None when ``entry``'s computation can run these arguments, else why not."""
@@ -246,8 +250,7 @@ class LoweringHook:
         finally:
             self._local.busy = False
         self._cache.setdefault(key, []).append(entry)
-        mesh = entry.plan.mesh.jax_mesh()
-        self._owned_meshes.add((tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names)))
+        self._owned_meshes.add(mesh_identity(entry.plan.mesh.jax_mesh()))
         self.stats.planned += 1
         return entry.computation
 
@@ -260,6 +263,12 @@ def _cache_key(probe, args, kwargs):
     text = canonical_text(_compat.computation_module(probe).operation.get_asm(enable_debug_info=False))
     return (api_name, fun_name, hashlib.sha256(text.encode()).hexdigest(), len(text), tuple(donated),
             tuple(in_layouts), tuple(out_layouts), kwargs["keep_unused"], kwargs["compiler_options_kvs"])
+
+
+def mesh_identity(mesh) -> tuple:
+    """A mesh's identity: its devices in order, axis names and shape (a user's mesh of the same
+    devices and names in another shape is not ours)."""
+    return tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names), tuple(mesh.devices.shape)
 
 
 def _aval_bytes(aval) -> int:

@@ -28,6 +28,7 @@ from alpa_pass.methods.presets import DataParallel, Zero2Parallel, Zero3Parallel
 from alpa_pass.methods.shard import ShardParallel
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
+from alpa_pass.plugin.hook import mesh_identity
 from alpa_pass.plugin.report import write_report
 from alpa_pass.trace.scan_peel import peel_layer_scans
 
@@ -136,15 +137,11 @@ def followable(graph, kept, returned, pinned=()) -> list[tuple[int, int]]:
     return [(i, params[k]) for k, i in enumerate(kept) if params[k] >= 0 and params[k] not in skip]
 
 
-def _where(jmesh) -> tuple:
-    return tuple(d.id for d in jmesh.devices.flat), tuple(jmesh.axis_names), tuple(jmesh.devices.shape)
-
-
 def arrival_mesh(candidates, shardings) -> LogicalMesh | None:
     """The candidate mesh (``ALPA_PASS_MESH=auto``) one of these arriving shardings lies on, or None:
     an eval step is planned on the mesh the train step chose, where its parameters are."""
-    on = {_where(s.mesh) for s in shardings if isinstance(s, NamedSharding)}
-    return next((m for m in candidates if _where(m.jax_mesh()) in on), None)
+    on = {mesh_identity(s.mesh) for s in shardings if isinstance(s, NamedSharding)}
+    return next((m for m in candidates if mesh_identity(m.jax_mesh()) in on), None)
 
 
 def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, list[int]]]:
@@ -154,9 +151,9 @@ def arrival_pins(follow, in_shardings, mesh: LogicalMesh) -> list[tuple[int, lis
     step reads the parameters where the train step keeps them, with no reshard on entry at every
     call; a train step's state (its new value feeds the next call) is planned freely and
     resharded once."""
-    where = _where(mesh.jax_mesh())
+    where = mesh_identity(mesh.jax_mesh())
     return [(v, core_spec(in_shardings[i], mesh)) for i, v in follow
-            if isinstance(in_shardings[i], NamedSharding) and _where(in_shardings[i].mesh) == where]
+            if isinstance(in_shardings[i], NamedSharding) and mesh_identity(in_shardings[i].mesh) == where]
 
 
 def arrival_axis_order(shardings, mesh: LogicalMesh) -> tuple:

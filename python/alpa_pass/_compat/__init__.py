@@ -4,6 +4,8 @@ Supported: ``jax>=0.10.2,<0.13`` (0.10.2 on Python 3.11; 0.11/0.12 on Python >= 
 """
 from __future__ import annotations
 
+import threading
+
 import jax
 
 SUPPORTED = ((0, 10, 2), (0, 13, 0))  # [low, high)
@@ -52,10 +54,19 @@ def make_ir_context():
 # so replacing that attribute sees every jit's closed jaxpr and in/out shardings before lowering.
 
 _ORIGINAL_LOWERING = None
+_ORIGINAL_RESOLVE = None
+_ORIGINAL_AOT_CALL = None
+_JIT_LOWERING = threading.local()  # .given: the in_shardings of the jax.jit being lowered
 
 
-def install_lowering_hook(callback) -> None:
+def install_lowering_hook(callback, owns=None) -> None:
     """Route every ``pxla.lower_sharding_computation`` call to ``callback(original, *args, **kwargs)``.
+
+    ``owns(sharding)``: whether a sharding is one of the callback's layouts; an AOT-compiled
+    computation (``jax.jit(f).lower(*args).compile()``), whose call refuses arguments committed to
+    other shardings than it was compiled for, moves arguments in such layouts into its own first:
+    plain jit would have compiled for where they lie, a plan put them elsewhere. (Such
+    computations run through jax's Python dispatch path, which sees every call's arguments.)
 
     ``callback`` returns the ``MeshComputation`` (usually by calling ``original``). Installing twice
     replaces the callback; :func:`uninstall_lowering_hook` restores jax's function.
@@ -71,6 +82,52 @@ def install_lowering_hook(callback) -> None:
         return callback(original, *args, **kwargs)
 
     pxla.lower_sharding_computation = hooked
+    global _ORIGINAL_RESOLVE
+    from jax._src import pjit
+
+    if _ORIGINAL_RESOLVE is None:
+        _ORIGINAL_RESOLVE = pjit._resolve_and_lower
+    resolve = _ORIGINAL_RESOLVE
+
+    def resolving(args, jaxpr, in_shardings, *rest, **kwargs):
+        # (merges the jit's own in_shardings with the arguments' before lowering: remember which
+        # were the jit's, for jit_given_in_shardings)
+        _JIT_LOWERING.given = in_shardings
+        try:
+            return resolve(args, jaxpr, in_shardings, *rest, **kwargs)
+        finally:
+            _JIT_LOWERING.given = None
+
+    pjit._resolve_and_lower = resolving
+    global _ORIGINAL_AOT_CALL
+    if owns is not None:
+        if _ORIGINAL_AOT_CALL is None:
+            _ORIGINAL_AOT_CALL = (pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call)
+        aot_call, cpp_call = _ORIGINAL_AOT_CALL
+
+        def moving_call(self, *args):
+            args = list(args)
+            for j, i in enumerate(sorted(self._kept_var_idx)):
+                x, s = args[i], self._in_shardings[j]
+                if (isinstance(x, jax.Array) and x.committed and owns(x.sharding)
+                        and not x.sharding.is_equivalent_to(s, x.ndim)):
+                    args[i] = jax.device_put(x, s)
+            return aot_call(self, *args)
+
+        def python_call_if_ours(self, params):
+            # (jax's C++ fast path would pass a committed argument in another layout as it is)
+            return None if any(owns(s) for s in self._in_shardings) else cpp_call(self, params)
+
+        pxla.MeshExecutable.call = moving_call
+        pxla.MeshExecutable.create_cpp_call = python_call_if_ours
+
+
+def jit_given_in_shardings() -> list[bool] | None:
+    """During a ``jax.jit`` lowering the hook sees: per argument, whether the jit itself was given
+    its in_sharding (``jax.jit(f, in_shardings=...)``), not only the argument committed to one;
+    None outside such a lowering (an AOT ``.lower()`` goes the same way)."""
+    given = getattr(_JIT_LOWERING, "given", None)
+    return None if given is None else [not is_unspecified(s) for s in given]
 
 
 def replan_in_flight_lowering(callback) -> bool:
@@ -128,9 +185,19 @@ def uninstall_lowering_hook() -> None:
     global _ORIGINAL_LOWERING
     from jax._src.interpreters import pxla
 
+    global _ORIGINAL_RESOLVE
+    from jax._src import pjit
+
     if _ORIGINAL_LOWERING is not None:
         pxla.lower_sharding_computation = _ORIGINAL_LOWERING
         _ORIGINAL_LOWERING = None
+    if _ORIGINAL_RESOLVE is not None:
+        pjit._resolve_and_lower = _ORIGINAL_RESOLVE
+        _ORIGINAL_RESOLVE = None
+    global _ORIGINAL_AOT_CALL
+    if _ORIGINAL_AOT_CALL is not None:
+        pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call = _ORIGINAL_AOT_CALL
+        _ORIGINAL_AOT_CALL = None
 
 
 def is_unspecified(sharding) -> bool:
@@ -316,6 +383,15 @@ def unplannable_effects(closed_jaxpr) -> list:
     return [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
 
 
+def on_explicit_mesh(closed_jaxpr) -> bool:
+    """Whether an argument's type carries a mesh with Explicit axes (jax's explicit sharding
+    mode: arrays typed ``f32[8@data]``): the user's shardings, which jax lowers only under
+    ``jax.set_mesh``. (Arrays committed to Auto-axes meshes, ours too, have typed meshes as well.)"""
+    explicit = jax.sharding.AxisType.Explicit
+    return any(explicit in getattr(getattr(getattr(a, "sharding", None), "mesh", None), "axis_types", ())
+               for a in closed_jaxpr.in_avals)
+
+
 def ordered_effects(closed_jaxpr) -> list:
     """The effects of ``closed_jaxpr`` that jax orders with tokens (e.g. ``jax.debug.print(...,
     ordered=True)``, ``io_callback(..., ordered=True)``): jax runs them on one device only."""
@@ -324,133 +400,8 @@ def ordered_effects(closed_jaxpr) -> list:
     return [e for e in closed_jaxpr.effects if effects.ordered_effects.contains(e)]
 
 
-def fold_retraced_mesh_ops(closed_jaxpr):
-    """``closed_jaxpr`` without the no-op equations that jax adds when a step is traced again for
-    arguments committed to a mesh (ours, after its first call); the same object when there are none.
+# (jaxpr rewrites for a step traced again under our mesh: _compat/fold.py)
+from alpa_pass._compat import fold as _fold  # noqa: E402
 
-    Such a trace runs under that abstract mesh, where jax makes
-    - the constant ``1`` of ``tanh``'s and ``sigmoid``'s jvp as ``reshard 1.0`` (``lax._one``: a
-      scalar on the mesh, replicated), which a scan body closing over it takes as one more
-      constant: each such reshard is replaced by the literal, and scan constants that thereby
-      became literals are moved into the scan's body;
-    - a broadcasting multiply's operand of the result's shape (``dt * y`` in diffrax's
-      ``ODETerm.prod``, vmapped) as ``reshape[sharding=P(None, ...)]`` to its own shape on an
-      Auto-axes mesh, and ``jax.jacrev``'s unravelled rows as ``convert_element_type`` to their
-      own dtype (``_possible_downcast``): each such identity op is replaced by its operand.
-    The same computation as the first trace, in a different program; folded, both traces lower to
-    the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
-    from jax.extend import core
+fold_retraced_mesh_ops = _fold.fold_retraced_mesh_ops
 
-    def fold(jaxpr):
-        env, eqns, changed = {}, [], False
-        for eqn in jaxpr.eqns:
-            invars = [env.get(v, v) if isinstance(v, core.Var) else v for v in eqn.invars]
-            if (eqn.primitive.name == "reshard" and len(invars) == 1 and isinstance(invars[0], core.Literal)
-                    and eqn.outvars[0].aval.shape == ()):
-                env[eqn.outvars[0]] = core.Literal(invars[0].val, eqn.outvars[0].aval)
-                changed = True
-                continue
-            if _identity_op(eqn, invars):
-                env[eqn.outvars[0]] = invars[0]
-                changed = True
-                continue
-            params, inlined = eqn.params, None
-            if eqn.primitive.name == "scan" and any(isinstance(v, core.Literal) for v in invars):
-                inlined = _inline_scan_literals(params, invars)
-                if inlined is not None:
-                    params, invars = inlined
-            params, sub_changed = _fold_params(params, fold)  # (after inlining: nested scans see them)
-            if inlined is not None or sub_changed or invars != list(eqn.invars):
-                eqn = eqn.replace(invars=invars, params=params)
-                changed = True
-            eqns.append(eqn)
-        if not changed:
-            return jaxpr, False
-        outvars = [env.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
-        return jaxpr.replace(eqns=eqns, outvars=outvars), True
-
-    jaxpr, changed = fold(closed_jaxpr.jaxpr)
-    return closed_jaxpr.replace(jaxpr=jaxpr) if changed else closed_jaxpr
-
-
-def _identity_op(eqn, invars) -> bool:
-    """A ``reshape`` of a value to its own shape, or a ``convert_element_type`` to its own dtype
-    and weak type, whose sharding, if any, names no mesh axis on a mesh whose axes are all Auto
-    (it moves and changes nothing)."""
-    from jax.extend import core
-
-    name = eqn.primitive.name
-    if name not in ("reshape", "convert_element_type") or len(invars) != 1 or not isinstance(invars[0], core.Var):
-        return False
-    src, dst = invars[0].aval, eqn.outvars[0].aval
-    if src.dtype != dst.dtype or src.shape != dst.shape or getattr(src, "weak_type", False) != getattr(
-            dst, "weak_type", False):
-        return False
-    if name == "reshape" and (tuple(eqn.params.get("new_sizes", ())) != tuple(src.shape)
-                              or eqn.params.get("dimensions") is not None):
-        return False
-    sharding = eqn.params.get("sharding")
-    if sharding is None:
-        return True
-    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
-    if spec is None or mesh is None or any(entry is not None for entry in spec):
-        return False
-    return all(t == jax.sharding.AxisType.Auto for t in getattr(mesh, "axis_types", ()))
-
-
-def _fold_params(params: dict, fold) -> tuple[dict, bool]:
-    """``params`` with each sub-jaxpr (bare, closed, or a tuple of them: cond's branches) folded."""
-    from jax.extend import core
-
-    def one(x):
-        if isinstance(x, core.ClosedJaxpr):
-            inner, changed = fold(x.jaxpr)
-            return (x.replace(jaxpr=inner) if changed else x), changed
-        if isinstance(x, core.Jaxpr):
-            return fold(x)
-        return x, False
-
-    out, changed = dict(params), False
-    for k, v in params.items():
-        if isinstance(v, tuple) and v and all(isinstance(b, (core.ClosedJaxpr, core.Jaxpr)) for b in v):
-            folded = [one(b) for b in v]
-            if any(c for _, c in folded):
-                out[k], changed = tuple(b for b, _ in folded), True
-        else:
-            new, c = one(v)
-            if c:
-                out[k], changed = new, True
-    return out, changed
-
-
-def _inline_scan_literals(params: dict, invals: list):
-    """(params, operands) of a scan whose literal constants are substituted into its body and
-    dropped from its operands, or None when it has none. jax < 0.12 counts the constants in
-    ``num_consts`` and holds the body as a ClosedJaxpr; 0.12 describes the operand groups by a flat
-    tree ``ft_in`` and holds a bare Jaxpr."""
-    from jax.extend import core
-
-    consts, carry, xs = scan_operands(params, invals)
-    drop = [i for i, c in enumerate(consts) if isinstance(c, core.Literal)]
-    if not drop:
-        return None
-    body = params["jaxpr"]
-    inner = getattr(body, "jaxpr", body)
-    sub = {inner.invars[i]: consts[i] for i in drop}
-    eqns = [e.replace(invars=[sub.get(v, v) if isinstance(v, core.Var) else v for v in e.invars])
-            for e in inner.eqns]
-    outvars = [sub.get(v, v) if isinstance(v, core.Var) else v for v in inner.outvars]
-    inner = inner.replace(invars=[v for i, v in enumerate(inner.invars) if i not in drop], eqns=eqns,
-                          outvars=outvars)
-    kept = [c for i, c in enumerate(consts) if i not in drop]
-    out = dict(params, jaxpr=body.replace(jaxpr=inner) if isinstance(body, core.ClosedJaxpr) else inner)
-    if "num_consts" in params:
-        out["num_consts"] = len(kept)
-        if "linear" in params:
-            out["linear"] = tuple(v for i, v in enumerate(params["linear"]) if i not in drop)
-    else:
-        from jax._src import flattree
-
-        _, carry_ft, xs_ft = params["ft_in"].unpack()
-        out["ft_in"] = flattree.pack((flattree.nones(len(kept)), carry_ft, xs_ft))
-    return out, kept + list(carry) + list(xs)
