@@ -59,6 +59,51 @@ void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, con
   }
 }
 
+// Result dims of gather v that keep an indexed dim of its operands: an indices dim's batch dim
+// (all of them when the index vector dim is indexed), an operand dim's offset dim or, for an
+// operand-batching dim, its batch dim; an indexed operand dim the indices pick from (collapsed)
+// marks every batch dim. (A token read by a dynamic_slice of [B, T] at column t, [B, 1], looks
+// up its embedding: only the size-1 dim is indexed, the batch dim stays splittable.)
+void gather_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v, DimSet& to) {
+  const GatherAttrs a = decode_gather_attrs(g.node_attrs(v));
+  const auto ops = g.operands(v);
+  const auto in = [](const Dims& ds, int64_t d) { return std::find(ds.begin(), ds.end(), d) != ds.end(); };
+  Dims batch;  // result dims that are not offset dims, in the order of the indices' dims
+  for (int64_t d = 0; d < g.rank(v); ++d) {
+    if (!in(a.offset_dims, d)) batch.push_back(d);
+  }
+  auto batch_of_index_dim = [&](int64_t d) {  // indices dim (not index_vector_dim) -> result dim
+    const int64_t k = d - (d > a.index_vector_dim ? 1 : 0);
+    return k < static_cast<int64_t>(batch.size()) ? batch[k] : -1;
+  };
+  for (int64_t d : indexed[ops[1]]) {
+    if (d == a.index_vector_dim) {
+      to.insert(batch.begin(), batch.end());
+    } else if (int64_t r = batch_of_index_dim(d); r >= 0) {
+      to.insert(r);
+    }
+  }
+  size_t k = 0;  // k-th offset dim <-> k-th operand dim neither collapsed nor operand-batching
+  for (int64_t d = 0; d < g.rank(ops[0]); ++d) {
+    const bool collapsed = in(a.collapsed_slice_dims, d), batching = in(a.operand_batching_dims, d);
+    const bool offset = !collapsed && !batching;
+    if (has(indexed, ops[0], d)) {
+      if (offset && k < a.offset_dims.size()) {
+        to.insert(a.offset_dims[k]);
+      } else if (batching) {
+        const size_t j = std::find(a.operand_batching_dims.begin(), a.operand_batching_dims.end(), d) -
+                         a.operand_batching_dims.begin();
+        const int64_t r = j < a.start_indices_batching_dims.size()
+                              ? batch_of_index_dim(a.start_indices_batching_dims[j]) : -1;
+        if (r >= 0) to.insert(r);
+      } else {
+        to.insert(batch.begin(), batch.end());
+      }
+    }
+    if (offset) ++k;
+  }
+}
+
 // Result dims of node v that keep an indexed dim of one of its operands.
 DimSet forwarded_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v) {
   DimSet to;
@@ -118,8 +163,8 @@ DimSet forwarded_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t 
       }
       break;
     }
+    case OpKind::kGather: gather_dims(g, indexed, v, to); break;
     case OpKind::kConvolution:
-    case OpKind::kGather:
     case OpKind::kScatter:
       if (any_operand_indexed()) {
         for (int64_t d = 0; d < g.rank(v); ++d) to.insert(d);

@@ -104,6 +104,32 @@ def test_gather_rows_indexed_and_sliced_are_runtime_indexed():
     assert 0 not in split_dims(prob, e)[0] and 0 not in split_dims(prob, e)[1][0]
 
 
+def test_a_token_read_by_dynamic_slice_looks_up_its_embedding_split_on_batch():
+    """Greedy decoding: tok = dynamic_slice(out[8, 16], (0, t), (8, 1)), emb[tok] (a gather whose
+    indices are the token): only the gather's batch dim from the indexed size-1 column is runtime
+    indexed; the batch dim (and what follows from it) stays splittable. An embedding table read
+    at a runtime-sliced row still marks every batch dim of the lookup (the indices pick from it)."""
+    b = GraphBuilder()
+    out = b.add(OpKind.PARAMETER, [8, 16], 4, attrs=[0])
+    t = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    tok = b.add(OpKind.ELEMENTWISE, [8, 1], 4, [out, zero, t], [-1, 1])
+    emb = b.add(OpKind.PARAMETER, [64, 32], F32, attrs=[2])
+    # index_vector_dim 2 (implicit); offset (2,); collapsed (0,); map (0,); slice (1, 32)
+    attrs = [2, 1, 2, 1, 0, 1, 0, 0, 0, 2, 1, 32]
+    look = b.add(OpKind.GATHER, [8, 1, 32], F32, [emb, tok], attrs)
+    h = b.add(OpKind.ELEMENTWISE, [8, 1, 32], F32, [look])
+    table = b.add(OpKind.PARAMETER, [64, 32], F32, attrs=[3])
+    rows = b.add(OpKind.ELEMENTWISE, [48, 32], F32, [table, t, zero], [-1, 0])
+    idx = b.add(OpKind.PARAMETER, [8, 1], 4, attrs=[4])
+    picked = b.add(OpKind.GATHER, [8, 1, 32], F32, [rows, idx], attrs)
+    for merge in (True, False):
+        prob = build(b, MESH18, merge)
+        assert 0 in split_dims(prob, look)[0] and 0 in split_dims(prob, h)[0]
+        assert 1 not in split_dims(prob, tok)[0]
+        assert split_dims(prob, picked)[0] <= {2}, "a lookup in runtime-sliced rows split its batch"
+
+
 def test_zero_size_values_stay_replicated():
     b = GraphBuilder()
     x = b.add(OpKind.PARAMETER, [8, 16], F32, attrs=[0])

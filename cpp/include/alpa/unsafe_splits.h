@@ -33,8 +33,9 @@ namespace alpa {
 // runtime_indexed_dims (dynamic_slice, dynamic_update_slice) and GATHER offset dims sliced
 // smaller than the operand, followed forward (elementwise, transpose, broadcast, reshape, reduce
 // and dot dims map one to one, a reshape marks each dim group holding an indexed dim of size > 1;
-// convolution, gather and scatter results are marked whole when an operand has any); plus, for a
-// dynamic_slice / dynamic_update_slice, those dims of its operand 0.
+// a gather's indices dims map to its batch dims, operand dims to offset dims, a picked-from
+// operand dim marks every batch dim; convolution and scatter results are marked whole when an
+// operand has any); plus, for a dynamic_slice / dynamic_update_slice, those dims of its operand 0.
 // Sorted, distinct.
 std::vector<Dims> runtime_indexed_dims(const Graph& g);
 
