@@ -263,7 +263,7 @@ def test_typed_prng_key_step_is_planned_once():
     "train_linen_jit_init.py", "train_equinox.py", "train_multisteps.py", "train_keras_stateless.py",
     "train_muon.py", "train_equinox_bn.py", "train_diffrax_ode.py", "train_unet_diffusion.py", "train_pinn.py",
     "train_flax_moe.py", "train_t5x_logical.py"))])
-def test_library_training_loops_plan_the_step(script):
+def test_library_training_loops_plan_the_step(script, tmp_path):
     """The model zoo, each script written with a library's own layers and training utilities:
     flax NNX (nnx.jit, nnx.Optimizer, Rngs, Dropout, BatchNorm); Haiku (transform_with_state,
     MultiHeadAttention, BatchNorm state, dropout keys from PRNGSequence); flax linen with a jitted
@@ -284,15 +284,17 @@ def test_library_training_loops_plan_the_step(script):
     MaxText/T5X-style LM (``nn.with_logical_partitioning`` metadata without a mesh, boxed
     parameters in the state, a jitted init). The
     *step* is planned, compiles as often as without the plugin, the parameters live on all 8
-    devices, same losses."""
+    devices, the plan splits some of the step's arguments (parameters or batch), same losses."""
     plain, plain_info, _ = _run(script)
-    out, run, stderr = _run(script, JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    out, run, stderr = _run(script, JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info", ALPA_PASS_REPORT=str(tmp_path))
     assert "planned train_step on mesh 1x8" in stderr and run["plugin"]["failed"] == 0
     assert run["compiles"]["train_step"] == plain_info["compiles"]["train_step"] == 1
     for a, b in zip(out["losses"], plain["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert len(out["losses"]) == len(plain["losses"]) >= 4 and all(p["devices"] == 8 for p in out["params"])
-    assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
+    steps = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("*_train_step.json"))]
+    assert steps and all(any("'y'" in spec for spec in s["input_specs"]) for s in steps), \
+        [s["input_specs"] for s in steps]
 
 
 @pytest.mark.slow
