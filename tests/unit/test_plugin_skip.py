@@ -1,4 +1,5 @@
 """plugin.hook.LoweringHook.skip_reason: which jitted computations run untouched."""
+import functools
 import types
 
 import jax
@@ -75,3 +76,39 @@ def test_a_host_callback_in_a_cond_branch_is_planned(w):
         return jax.lax.cond(jnp.isnan(h).any(), fail, lambda v: v, h).mean()
 
     assert _reason(step, w, w) is None
+
+
+def test_small_arguments_and_results_with_big_values_inside_are_planned():
+    # (NeRF's render_image: a camera pose in, every ray through the MLP, an image out)
+    def render(w, c, rays):
+        h = jnp.linspace(0.0, 1.0, rays)[:, None] * c[None, :]  # [rays, 64]
+        return jnp.tanh(h @ w).sum(axis=1)
+
+    w, c = jnp.ones((N // 4, N // 4)), jnp.ones((N // 4,))  # 16 KiB of arguments
+    assert _reason(lambda w, c: render(w, c, 16 * N), w, c) is None  # a 1 MiB activation
+    assert _reason(lambda w, c: render(w, c, N // 4), w, c).startswith("tiny: ")
+
+
+def test_a_jax_function_called_eagerly_runs_untouched(w):
+    # (flax initialisers call jnp.einsum outside any jit: jax compiles it as a jit named _einsum)
+    x = jnp.ones((4, 2, N))
+    assert _reason(functools.partial(jnp.einsum, "bij,jk->bki"), x, w, fun_name="_einsum") == \
+        "a jax library function called eagerly (jnp.einsum outside a jit)"
+    assert _reason(lambda a, b: jnp.einsum("bij,jk->bki", a, b), x, w) is None  # the user's own
+
+
+def test_batched_lapack_runs_untouched_on_simulated_cpu_devices_of_old_jaxlib(w):
+    # (PureJaxRL vmapped over seeds: flax's orthogonal init is a batched QR; jaxlib 0.10 splits a
+    # LAPACK batch over XLA's CPU thread pool from a pool thread: 8 devices at once deadlocked)
+    def batched(w, x):
+        q = jnp.linalg.qr(x.reshape(4, N // 4, N))[0]
+        return jnp.tanh(x @ w).sum() + q.sum()
+
+    def single(w, x):  # one matrix: no batch to split, planned
+        return jnp.tanh(x @ w).sum() + jnp.linalg.cholesky(x @ x.T + N * jnp.eye(N)).sum()
+
+    old = _compat.jax_version() < (0, 11)
+    assert jax.local_device_count() > 1
+    assert _reason(batched, w, w) == ("batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 "
+                                      "can deadlock in it)" if old else None)
+    assert _reason(single, w, w) is None

@@ -299,18 +299,29 @@ def jaxpr_primitive_names(closed_jaxpr, *, skip_cond_branches: bool = False) -> 
     runs only when a predicate says so, e.g. Equinox's ``error_if`` callback that raises on a NaN).
 
     ``device_put`` counts only when it names a device or sharding (not a plain copy)."""
+    return {eqn.primitive.name for eqn in jaxpr_eqns(closed_jaxpr, skip_cond_branches=skip_cond_branches)
+            if eqn.primitive.name != "device_put" or any(d is not None for d in eqn.params.get("devices", ()))}
+
+
+def jaxpr_eqns(closed_jaxpr, *, skip_cond_branches: bool = False):
+    """Every equation of ``closed_jaxpr`` (or an open jaxpr) and of its sub-jaxprs, as
+    :func:`jaxpr_primitive_names` walks them."""
     from jax._src import core
 
-    names, stack = set(), [getattr(closed_jaxpr, "jaxpr", closed_jaxpr)]
+    stack = [getattr(closed_jaxpr, "jaxpr", closed_jaxpr)]
     while stack:
         jaxpr = stack.pop()
         for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            if name != "device_put" or any(d is not None for d in eqn.params.get("devices", ())):
-                names.add(name)
-            if not (skip_cond_branches and name == "cond"):
+            yield eqn
+            if not (skip_cond_branches and eqn.primitive.name == "cond"):
                 stack.extend(core.jaxprs_in_params(eqn.params))
-    return names
+
+
+def batched_lapack_can_hang() -> bool:
+    """Whether a batched LAPACK call (jaxlib's CPU kernels) can deadlock XLA's CPU runtime when
+    several simulated devices run it at once: jaxlib < 0.11 splits the batch over the intra-op
+    thread pool and blocks waiting for it, from a thread of that pool (0.11 compiled it out)."""
+    return jax_version() < (0, 11) and simulated_cpu_devices()
 
 
 def has_subjaxprs(closed_jaxpr) -> bool:
@@ -381,6 +392,16 @@ def unplannable_effects(closed_jaxpr) -> list:
     from jax._src import debugging
 
     return [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
+
+
+def defined_in_jax(closed_jaxpr) -> bool:
+    """Whether the jitted function is one of jax's own (``jnp.einsum`` is a jit named
+    ``_einsum``): called outside any jit of the user's, e.g. by a model's eager init."""
+    import os
+
+    where = getattr(getattr(closed_jaxpr.jaxpr, "debug_info", None), "func_src_info", None) or ""
+    path = where.rpartition(" at ")[2].rpartition(":")[0]
+    return bool(path) and os.path.abspath(path).startswith(os.path.dirname(jax.__file__) + os.sep)
 
 
 def on_explicit_mesh(closed_jaxpr) -> bool:

@@ -33,7 +33,8 @@ class PluginConfig:
       cache_dir: on-disk plan cache directory (a second run of the script skips the solver), or None.
       report_dir: directory that receives each plan's summary and JSON, or ``None``.
       log_level: level of the ``alpa_pass`` logger (a ``logging`` int), or ``None`` = untouched.
-      min_bytes: computations whose arguments + results total fewer bytes run untouched.
+      min_bytes: computations whose arguments + results total fewer bytes, with no value inside
+        as large, run untouched.
       reduce_scatter: ``AutoShardingOption.prefer_reduce_scatter`` (parameter-gradient partial
         sums emitted as reduce-scatters).
       peel_scans: ``AutoShardingOption.peel_layer_scans`` (a scanned layer stack's backward loop

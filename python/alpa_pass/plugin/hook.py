@@ -43,6 +43,12 @@ SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "device_put
 # same step on one device, how plain jit runs the unparallelised script, does not). A callback in
 # a ``cond`` branch (Equinox's ``error_if``, in every diffrax solve) runs only on an error: planned.
 HOST_CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback"})
+# Linear algebra jaxlib runs as LAPACK calls on CPU. Batched, jaxlib < 0.11 splits the batch over
+# XLA's intra-op thread pool and waits from a thread of that pool: simulated devices running it at
+# once can take every thread and deadlock (s38: PureJaxRL vmapped over seeds, flax's orthogonal
+# init a batched QR, hung in the plan; plain jax with the QR input replicated on 8 devices too).
+LAPACK_PRIMITIVES = frozenset({"cholesky", "eig", "eigh", "lu", "qr", "geqrf", "geqp3", "householder_product",
+                               "schur", "svd", "hessenberg", "tridiagonal", "tridiagonal_solve"})
 
 
 @dataclasses.dataclass
@@ -166,7 +172,13 @@ class LoweringHook:
             return "a single operation (eager op)"
         size = sum(_aval_bytes(a) for a in (*closed_jaxpr.in_avals, *closed_jaxpr.out_avals))
         if size < self.config.min_bytes:
-            return f"tiny: {size} bytes of arguments and results < {self.config.min_bytes}"
+            # (a render or eval step that reduces big activations to a small result is not tiny)
+            largest = max((_aval_bytes(v.aval) for e in eqns for v in e.outvars), default=0)
+            if largest < self.config.min_bytes:
+                return (f"tiny: {size} bytes of arguments and results, values of at most {largest} bytes "
+                        f"< {self.config.min_bytes}")
+        if _compat.defined_in_jax(closed_jaxpr):
+            return "a jax library function called eagerly (jnp.einsum outside a jit)"
         prims = _compat.jaxpr_primitive_names(closed_jaxpr)
         if prims & SHARDING_PRIMITIVES:
             return f"user shardings inside ({', '.join(sorted(prims & SHARDING_PRIMITIVES))})"
@@ -175,6 +187,9 @@ class LoweringHook:
         if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices() and \
                 _compat.jaxpr_primitive_names(closed_jaxpr, skip_cond_branches=True) & HOST_CALLBACK_PRIMITIVES:
             return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
+        if prims & LAPACK_PRIMITIVES and _compat.batched_lapack_can_hang() and any(
+                e.primitive.name in LAPACK_PRIMITIVES and _batched(e) for e in _compat.jaxpr_eqns(closed_jaxpr)):
+            return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
         return None
 
     def owns(self, sharding) -> bool:
@@ -269,6 +284,12 @@ def mesh_identity(mesh) -> tuple:
     """A mesh's identity: its devices in order, axis names and shape (a user's mesh of the same
     devices and names in another shape is not ours)."""
     return tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names), tuple(mesh.devices.shape)
+
+
+def _batched(eqn) -> bool:
+    """Whether a linear-algebra equation works on a batch of more than one matrix."""
+    shape = getattr(eqn.invars[0].aval, "shape", ()) if eqn.invars else ()
+    return _prod(shape[:-2]) > 1
 
 
 def _aval_bytes(aval) -> int:
