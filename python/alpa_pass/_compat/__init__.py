@@ -71,7 +71,8 @@ def install_lowering_hook(callback, owns=None) -> None:
     ``callback`` returns the ``MeshComputation`` (usually by calling ``original``). Installing twice
     replaces the callback; :func:`uninstall_lowering_hook` restores jax's function.
     """
-    global _ORIGINAL_LOWERING
+    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL
+    from jax._src import pjit
     from jax._src.interpreters import pxla
 
     if _ORIGINAL_LOWERING is None:
@@ -82,9 +83,6 @@ def install_lowering_hook(callback, owns=None) -> None:
         return callback(original, *args, **kwargs)
 
     pxla.lower_sharding_computation = hooked
-    global _ORIGINAL_RESOLVE
-    from jax._src import pjit
-
     if _ORIGINAL_RESOLVE is None:
         _ORIGINAL_RESOLVE = pjit._resolve_and_lower
     resolve = _ORIGINAL_RESOLVE
@@ -99,7 +97,6 @@ def install_lowering_hook(callback, owns=None) -> None:
             _JIT_LOWERING.given = None
 
     pjit._resolve_and_lower = resolving
-    global _ORIGINAL_AOT_CALL
     if owns is not None:
         if _ORIGINAL_AOT_CALL is None:
             _ORIGINAL_AOT_CALL = (pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call)
@@ -181,12 +178,10 @@ def original_lowering():
 
 
 def uninstall_lowering_hook() -> None:
-    """Restore jax's own ``lower_sharding_computation`` (no-op when no hook is installed)."""
-    global _ORIGINAL_LOWERING
-    from jax._src.interpreters import pxla
-
-    global _ORIGINAL_RESOLVE
+    """Restore jax's own functions the hook replaced (no-op when no hook is installed)."""
+    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL
     from jax._src import pjit
+    from jax._src.interpreters import pxla
 
     if _ORIGINAL_LOWERING is not None:
         pxla.lower_sharding_computation = _ORIGINAL_LOWERING
@@ -194,7 +189,6 @@ def uninstall_lowering_hook() -> None:
     if _ORIGINAL_RESOLVE is not None:
         pjit._resolve_and_lower = _ORIGINAL_RESOLVE
         _ORIGINAL_RESOLVE = None
-    global _ORIGINAL_AOT_CALL
     if _ORIGINAL_AOT_CALL is not None:
         pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call = _ORIGINAL_AOT_CALL
         _ORIGINAL_AOT_CALL = None
