@@ -62,7 +62,8 @@ void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, con
 // Result dims of gather v that keep an indexed dim of its operands: an indices dim's batch dim
 // (all of them when the index vector dim is indexed), an operand dim's offset dim or, for an
 // operand-batching dim, its batch dim; an indexed operand dim the indices pick from (collapsed)
-// marks every batch dim. (A token read by a dynamic_slice of [B, T] at column t, [B, 1], looks
+// marks every batch dim but those of the operand-batching dims (per-example take_along_axis,
+// flax's flip_sequences: row b of the result is read from row b of the operand). (A token read by a dynamic_slice of [B, T] at column t, [B, 1], looks
 // up its embedding: only the size-1 dim is indexed, the batch dim stays splittable.)
 void gather_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v, DimSet& to) {
   const GatherAttrs a = decode_gather_attrs(g.node_attrs(v));
@@ -76,6 +77,10 @@ void gather_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v, Di
     const int64_t k = d - (d > a.index_vector_dim ? 1 : 0);
     return k < static_cast<int64_t>(batch.size()) ? batch[k] : -1;
   };
+  Dims paired;  // result dims of the operand-batching dims (their rows are the operand's own)
+  for (int64_t d : a.start_indices_batching_dims) {
+    if (int64_t r = batch_of_index_dim(d); r >= 0) paired.push_back(r);
+  }
   for (int64_t d : indexed[ops[1]]) {
     if (d == a.index_vector_dim) {
       to.insert(batch.begin(), batch.end());
@@ -96,8 +101,10 @@ void gather_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v, Di
         const int64_t r = j < a.start_indices_batching_dims.size()
                               ? batch_of_index_dim(a.start_indices_batching_dims[j]) : -1;
         if (r >= 0) to.insert(r);
-      } else {
-        to.insert(batch.begin(), batch.end());
+      } else {  // picked from: every batch dim but those paired with operand-batching dims
+        for (int64_t r : batch) {
+          if (std::find(paired.begin(), paired.end(), r) == paired.end()) to.insert(r);
+        }
       }
     }
     if (offset) ++k;
@@ -205,6 +212,25 @@ bool splits_unsafely(const Graph& g, const std::vector<Dims>& indexed, int64_t u
   return std::any_of(s.begin(), s.end(), [&](int32_t d) { return d >= 0 && has(indexed, u, d); });
 }
 
+// A dynamic_update_slice's runtime-indexed dims (an op with such dims whose result has its
+// operand 0's shape; empty for every other op). It writes its update in place: every element of
+// its result sits where it is, so the start picks nothing a later op reads. The dims are kept
+// whole on the op itself (drop_unsafe_splits) and on the buffer it reads, not followed forward (a
+// scan's stacked outputs, written one row per iteration, stay splittable after the loop:
+// PureJaxRL's minibatches of the rollout were replicated and their activations all-gathered).
+Dims updated_dims(const Graph& g, int64_t v) {
+  if (g.op_kind(v) != OpKind::kElementwise || g.operands(v).empty()) return {};
+  const auto a = g.shape(v), b = g.shape(g.operands(v)[0]);
+  if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) return {};
+  return decode_elementwise_attrs(g.node_attrs(v)).runtime_indexed_dims;
+}
+
+void add_dims(Dims& to, const Dims& more) {
+  DimSet dims(to.begin(), to.end());
+  dims.insert(more.begin(), more.end());
+  to.assign(dims.begin(), dims.end());
+}
+
 }  // namespace
 
 std::vector<Dims> runtime_indexed_dims(const Graph& g) {
@@ -212,8 +238,10 @@ std::vector<Dims> runtime_indexed_dims(const Graph& g) {
   std::vector<Dims> indexed(n);
   for (int64_t v = 0; v < n; ++v) {
     DimSet dims = forwarded_dims(g, indexed, v);
-    const Dims own = own_indexed_dims(g, v);
-    dims.insert(own.begin(), own.end());
+    if (updated_dims(g, v).empty()) {
+      const Dims own = own_indexed_dims(g, v);
+      dims.insert(own.begin(), own.end());
+    }
     indexed[v].assign(dims.begin(), dims.end());
   }
   for (int64_t v = 0; v < n; ++v) {  // a dynamic_slice / dynamic_update_slice operand: read whole
@@ -221,9 +249,7 @@ std::vector<Dims> runtime_indexed_dims(const Graph& g) {
     const int64_t u = g.operands(v)[0];
     const Dims own = decode_elementwise_attrs(g.node_attrs(v)).runtime_indexed_dims;
     if (own.empty() || g.rank(u) != g.rank(v)) continue;
-    DimSet dims(indexed[u].begin(), indexed[u].end());
-    dims.insert(own.begin(), own.end());
-    indexed[u].assign(dims.begin(), dims.end());
+    add_dims(indexed[u], own);
   }
   return indexed;
 }
@@ -232,8 +258,14 @@ void drop_unsafe_splits(const RuleContext& ctx, const std::vector<Dims>& indexed
                         NodeStrategies& ns) {
   const Graph& g = ctx.graph;
   const auto ops = g.operands(v);
+  const Dims in_place = updated_dims(g, v);  // whole on the op, its readers may split them
   auto unsafe = [&](const Strategy& s) {
     if (splits_unsafely(g, indexed, v, s.out)) return true;
+    if (std::any_of(s.out.begin(), s.out.end(), [&](int32_t d) {
+          return d >= 0 && std::find(in_place.begin(), in_place.end(), d) != in_place.end();
+        })) {
+      return true;
+    }
     for (size_t t = 0; t < ops.size() && t < s.ins.size(); ++t) {
       if (splits_unsafely(g, indexed, ops[t], s.ins[t])) return true;
     }

@@ -130,6 +130,55 @@ def test_a_token_read_by_dynamic_slice_looks_up_its_embedding_split_on_batch():
         assert split_dims(prob, picked)[0] <= {2}, "a lookup in runtime-sliced rows split its batch"
 
 
+def test_rows_written_by_dynamic_update_slice_are_not_followed_past_the_write():
+    """A scan's stacked output: buf[32, 256, 4] = dynamic_update_slice(buf, row[1, 256, 4], (t, 0, 0)).
+    The update op keeps the time dim whole (its result and the buffer it reads), but its result's
+    elements sit where they are: after the loop, reshaped to [8192, 4] (the rollout as one batch,
+    PureJaxRL) and to [4, 2048, 4] minibatches, the batch dims stay splittable. A dynamic_slice's
+    rows are followed (the contrast)."""
+    b = GraphBuilder()
+    buf = b.add(OpKind.PARAMETER, [32, 256, 4], F32, attrs=[0])
+    row = b.add(OpKind.PARAMETER, [1, 256, 4], F32, attrs=[1])
+    t = b.add(OpKind.PARAMETER, [], 4, attrs=[2])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    dus = b.add(OpKind.ELEMENTWISE, [32, 256, 4], F32, [buf, row, t, zero, zero], [-1, 0])
+    flat = b.add(OpKind.RESHAPE, [8192, 4], F32, [dus])
+    mbs = b.add(OpKind.RESHAPE, [4, 2048, 4], F32, [flat])
+    sq = b.add(OpKind.ELEMENTWISE, [4, 2048, 4], F32, [mbs])
+    other = b.add(OpKind.PARAMETER, [32, 256, 4], F32, attrs=[3])
+    ds = b.add(OpKind.ELEMENTWISE, [8, 256, 4], F32, [other, t, zero, zero], [-1, 0])
+    after = b.add(OpKind.RESHAPE, [2048, 4], F32, [ds])
+    for merge in (True, False):
+        prob = build(b, MESH18, merge)
+        assert 0 not in split_dims(prob, dus)[0] and 0 not in split_dims(prob, dus)[1][0]
+        assert 1 in split_dims(prob, dus)[0]
+        assert 0 not in split_dims(prob, after)[0], "rows a dynamic_slice picked were split"
+    prob = build(b, MESH18, merge=False)  # merged, the reshapes follow the update's own layouts
+    assert split_dims(prob, flat) == ({0}, {0: {0}}) and 1 in split_dims(prob, sq)[0]
+
+
+def test_per_example_take_along_axis_keeps_its_batch_splittable():
+    """flax's flip_sequences: take_along_axis(x, idx[B, K, 1], axis=1) on rows a dynamic_slice cut
+    at a runtime column (x[B, 16] from y[B, 32]). The gather picks from the indexed time dim
+    (operand-batching dim 0 pairs result dim 0 with x's own rows): only the picked dim K is
+    runtime indexed; the batch B stays splittable (it marked every batch dim, and with it the
+    whole backward pass of a bidirectional RNN)."""
+    b = GraphBuilder()
+    y = b.add(OpKind.PARAMETER, [8, 32], F32, attrs=[0])
+    t = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    x = b.add(OpKind.ELEMENTWISE, [8, 16], F32, [y, zero, t], [-1, 1])
+    idx = b.add(OpKind.PARAMETER, [8, 4, 1], 4, attrs=[2])
+    # index_vector_dim 2; offset (); collapsed (1,); map (1,); operand batching (0,) x indices (0,)
+    attrs = [2, 0, 1, 1, 1, 1, 1, 0, 1, 0, 2, 1, 1]
+    picked = b.add(OpKind.GATHER, [8, 4], F32, [x, idx], attrs)
+    h = b.add(OpKind.ELEMENTWISE, [8, 4], F32, [picked])
+    for merge in (True, False):
+        prob = build(b, MESH18, merge)
+        assert 0 in split_dims(prob, picked)[0] and 0 in split_dims(prob, h)[0]
+        assert 1 not in split_dims(prob, picked)[0] | split_dims(prob, h)[0]
+
+
 def test_zero_size_values_stay_replicated():
     b = GraphBuilder()
     x = b.add(OpKind.PARAMETER, [8, 16], F32, attrs=[0])
