@@ -171,8 +171,12 @@ def expand_assignment(merged, assignment, unmerged, num_nodes: int):
     """The merged ``assignment`` (strategy per merged group) as a strategy per unmerged group.
 
     Each node keeps its chosen (output spec, operand specs); a follower thus takes its leader's
-    choice. Returns (assignment, None), or (None, reason) when a node's strategy has no unmerged
-    counterpart or two nodes of one tied unmerged group want different strategies.
+    choice. A merged follower that all-gathers inside the op what its result cannot keep (a
+    reshape of a split that does not map, ``cpp/src/rules/reshape.cc``) reads its operand as
+    split as the leader made it; its unmerged counterpart is the strategy with the same result
+    reading the operand gathered on those axes (the edge pays the same all-gather). Returns
+    (assignment, None), or (None, reason) when a node's strategy has neither counterpart or two
+    nodes of one tied unmerged group want different strategies.
     """
     m_off, u_off = np.asarray(merged.strategy_offsets), np.asarray(unmerged.strategy_offsets)
     m_rows = m_off[:-1] + np.asarray(assignment)[np.asarray(merged.node_group)]
@@ -185,15 +189,17 @@ def expand_assignment(merged, assignment, unmerged, num_nodes: int):
         r = m_rows[v]
         want_ins = m_ins[m_ins_off[r]:m_ins_off[r + 1]]
         cands = np.flatnonzero((u_out[u_off[v]:u_off[v + 1]] == m_out[r]).all(axis=1))
-        k = next((int(c) for c in cands
-                  if np.array_equal(u_ins[u_ins_off[u_off[v] + c]:u_ins_off[u_off[v] + c + 1]], want_ins)),
-                 None)
-        if k is None:
+        ins = [u_ins[u_ins_off[u_off[v] + c]:u_ins_off[u_off[v] + c + 1]] for c in cands]
+        exact = [int(c) for c, got in zip(cands, ins) if np.array_equal(got, want_ins)]
+        gathered = [int(c) for c, got in zip(cands, ins)  # the in-op gathers on the edge
+                    if got.shape == want_ins.shape and ((got == want_ins) | (got < 0)).all()]
+        if not exact + gathered:
             return None, f"node {v}: merged strategy has no unmerged counterpart"
         g = u_group[v]
-        if out[g] not in (-1, k):
+        if out[g] == -1:
+            out[g] = (exact + gathered)[0]
+        elif out[g] not in exact + gathered:  # (a group's nodes share one strategy index)
             return None, f"node {v}: tied unmerged group {g} gets two strategies (tie_repeated_layers)"
-        out[g] = k
     return out, None
 
 
