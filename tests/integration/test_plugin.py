@@ -157,7 +157,9 @@ def test_aot_calls_user_meshes_and_explicit_axes_after_a_planned_init():
     "compiled for input shardings that disagree"; resharded on the fast path, a crash); (2) the
     user's own 2x4 mesh named ('x', 'y'), like ours, with ``jit(in_shardings=...)`` (taken for
     ours, replanned, then refused by jit); (3) Explicit-axes arrays outside ``jax.set_mesh``
-    (crashed lowering our probe). Each must run as plain jit does."""
+    (crashed lowering our probe); (4) the init's outputs straight into a jit given in_shardings and
+    into ``pmap(in_axes=None)`` ("Sharding passed to jit does not match": ours are committed,
+    plain jit's move freely). Each must run as plain jit does."""
     plain, _, _ = _run("aot_and_user_meshes.py")
     for mesh in ("2x4", "1x8"):
         out, run, err = _run("aot_and_user_meshes.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_MESH=mesh,
@@ -167,7 +169,7 @@ def test_aot_calls_user_meshes_and_explicit_axes_after_a_planned_init():
         assert "runs untouched (arguments typed on the user's mesh (explicit sharding))" in err
         assert out["user_specs"] == plain["user_specs"] == ["P(None, 'y')", "P('y',)"]
         assert out["explicit"] == plain["explicit"]
-        for key in ("aot", "user_mesh"):
+        for key in ("aot", "user_mesh", "given", "pmap"):
             np.testing.assert_allclose(out[key], plain[key], rtol=1e-5)
         assert run["compiles"]["step"] == 2  # the AOT step and the user's, as plain jit
 

@@ -5,7 +5,9 @@ After a jitted init (planned under the plugin):
   with the init's outputs and a frozen argument that never changes layout;
 - a mesh of the user's named ``('x', 'y')``, like jax's sharding tutorial, 2x4 over the devices,
   with ``jax.jit(step, in_shardings=...)``;
-- arrays on a mesh with Explicit axes passed to a plain ``jax.jit`` outside ``jax.set_mesh``.
+- arrays on a mesh with Explicit axes passed to a plain ``jax.jit`` outside ``jax.set_mesh``;
+- the init's outputs straight into a ``jax.jit`` given ``in_shardings`` and into ``jax.pmap`` with
+  ``in_axes=None`` (flax's imagenet example pmaps the state its jitted init returns).
 Prints one JSON line: losses, and the specs the user's layouts came back in."""
 import json
 
@@ -56,6 +58,14 @@ def main():
     a = jax.device_put(np.ones((512, 512), np.float32), NamedSharding(explicit, P("data")))
     b = jax.device_put(np.full((512, 512), 0.01, np.float32), NamedSharding(explicit, P()))
     out["explicit"] = float(jax.jit(lambda a, b: jnp.tanh(a @ b).sum())(a, b))
+
+    p0, frozen0 = init(jax.random.key(0))  # (plain jit's outputs of uncommitted inputs move freely)
+    rep = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P())
+    given = jax.jit(lambda p, f: jnp.sum(p["w2"] @ f), in_shardings=({"w1": rep, "w2": rep}, rep))
+    out["given"] = float(given(p0, frozen0))
+    xs = np.ones((jax.local_device_count(), 4, 512), np.float32)
+    pmapped = jax.pmap(lambda p, x: jax.lax.pmean(jnp.sum(x @ p["w2"]), "b"), in_axes=(None, 0), axis_name="b")
+    out["pmap"] = np.asarray(pmapped(p0, xs)).tolist()
     print(json.dumps(out))
 
 

@@ -56,6 +56,7 @@ def make_ir_context():
 _ORIGINAL_LOWERING = None
 _ORIGINAL_RESOLVE = None
 _ORIGINAL_AOT_CALL = None
+_ORIGINAL_CALL_IMPL = None
 _JIT_LOWERING = threading.local()  # .given: the in_shardings of the jax.jit being lowered
 
 
@@ -66,12 +67,16 @@ def install_lowering_hook(callback, owns=None) -> None:
     computation (``jax.jit(f).lower(*args).compile()``), whose call refuses arguments committed to
     other shardings than it was compiled for, moves arguments in such layouts into its own first:
     plain jit would have compiled for where they lie, a plan put them elsewhere. (Such
-    computations run through jax's Python dispatch path, which sees every call's arguments.)
+    computations run through jax's Python dispatch path, which sees every call's arguments.) A
+    jit given in_shardings (``jax.jit(f, in_shardings=...)``, ``jax.pmap``'s ``in_axes=None``
+    arguments) refuses an argument committed elsewhere too: plain jit's outputs of uncommitted
+    arguments are uncommitted and move there silently, so arguments in such layouts move first
+    (flax's imagenet example pmaps the state its jitted init returned).
 
     ``callback`` returns the ``MeshComputation`` (usually by calling ``original``). Installing twice
     replaces the callback; :func:`uninstall_lowering_hook` restores jax's function.
     """
-    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL
+    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL, _ORIGINAL_CALL_IMPL
     from jax._src import pjit
     from jax._src.interpreters import pxla
 
@@ -102,14 +107,28 @@ def install_lowering_hook(callback, owns=None) -> None:
             _ORIGINAL_AOT_CALL = (pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call)
         aot_call, cpp_call = _ORIGINAL_AOT_CALL
 
+        def moved(x, s):
+            if (isinstance(x, jax.Array) and isinstance(s, jax.sharding.Sharding) and x.committed
+                    and owns(x.sharding) and not x.sharding.is_equivalent_to(s, x.ndim)):
+                return jax.device_put(x, s)
+            return x
+
         def moving_call(self, *args):
             args = list(args)
             for j, i in enumerate(sorted(self._kept_var_idx)):
-                x, s = args[i], self._in_shardings[j]
-                if (isinstance(x, jax.Array) and x.committed and owns(x.sharding)
-                        and not x.sharding.is_equivalent_to(s, x.ndim)):
-                    args[i] = jax.device_put(x, s)
+                args[i] = moved(args[i], self._in_shardings[j])
             return aot_call(self, *args)
+
+        if _ORIGINAL_CALL_IMPL is None:
+            _ORIGINAL_CALL_IMPL = pjit._pjit_call_impl_python
+        call_impl = _ORIGINAL_CALL_IMPL
+
+        def moving_impl(*args, in_shardings, **kwargs):
+            if len(args) == len(in_shardings):
+                args = tuple(moved(x, s) for x, s in zip(args, in_shardings))
+            return call_impl(*args, in_shardings=in_shardings, **kwargs)
+
+        pjit._pjit_call_impl_python = moving_impl
 
         def python_call_if_ours(self, params):
             # (jax's C++ fast path would pass a committed argument in another layout as it is)
@@ -179,7 +198,7 @@ def original_lowering():
 
 def uninstall_lowering_hook() -> None:
     """Restore jax's own functions the hook replaced (no-op when no hook is installed)."""
-    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL
+    global _ORIGINAL_LOWERING, _ORIGINAL_RESOLVE, _ORIGINAL_AOT_CALL, _ORIGINAL_CALL_IMPL
     from jax._src import pjit
     from jax._src.interpreters import pxla
 
@@ -192,6 +211,9 @@ def uninstall_lowering_hook() -> None:
     if _ORIGINAL_AOT_CALL is not None:
         pxla.MeshExecutable.call, pxla.MeshExecutable.create_cpp_call = _ORIGINAL_AOT_CALL
         _ORIGINAL_AOT_CALL = None
+    if _ORIGINAL_CALL_IMPL is not None:
+        pjit._pjit_call_impl_python = _ORIGINAL_CALL_IMPL
+        _ORIGINAL_CALL_IMPL = None
 
 
 def is_unspecified(sharding) -> bool:
