@@ -63,8 +63,9 @@ void reshape_dims(std::span<const int64_t> in, std::span<const int64_t> out, con
 // (all of them when the index vector dim is indexed), an operand dim's offset dim or, for an
 // operand-batching dim, its batch dim; an indexed operand dim the indices pick from (collapsed)
 // marks every batch dim but those of the operand-batching dims (per-example take_along_axis,
-// flax's flip_sequences: row b of the result is read from row b of the operand). (A token read by a dynamic_slice of [B, T] at column t, [B, 1], looks
-// up its embedding: only the size-1 dim is indexed, the batch dim stays splittable.)
+// flax's flip_sequences: row b of the result is read from row b of the operand). (A token read
+// by a dynamic_slice of [B, T] at column t, [B, 1], looks up its embedding: only the size-1 dim
+// is indexed, the batch dim stays splittable.)
 void gather_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t v, DimSet& to) {
   const GatherAttrs a = decode_gather_attrs(g.node_attrs(v));
   const auto ops = g.operands(v);

@@ -150,7 +150,7 @@ def test_a_reshape_that_gathers_inside_the_op_is_refined():
     plan, exe = plan_and_compile(_beam_scores, (w, h), MESH, ap.AutoShardingOption(),
                                  pinned_args=[[-1, 1], [-1, -1]])  # w split on V (another plan's layout)
     r = plan.refinement
-    assert "skipped" not in r and r["solve"] == "unmerged", r
+    assert "skipped" not in r and r["solve"] == "unmerged" and r["gathered_on_edges"] >= 1, r
     assert plan.objective < 0.2 * r["merged_objective"], r
     jmesh = MESH.jax_mesh()
     args = [jax.device_put(a, NamedSharding(jmesh, s)) for a, s in zip((w, h), plan.input_specs)]
