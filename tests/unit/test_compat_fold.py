@@ -124,3 +124,35 @@ def test_jacrevs_identity_converts_under_the_mesh_fold_away():
     # a convert that changes the dtype stays
     widen = jax.make_jaxpr(lambda a: a.astype(jnp.float16) * 2)(w)
     assert _compat.fold_retraced_mesh_ops(widen) is widen
+
+
+def test_a_vjp_seeded_with_ones_folds_its_identity_reduce_sum():
+    """``jax.vjp(f, z)[1](jnp.ones(()))`` (K-FAC's sampled Fisher): traced for an argument
+    committed to a mesh, the scalar cotangent gets a ``reduce_sum`` over no axes that the first
+    trace lacks; the step was planned and compiled twice. Folded, both traces lower alike; a
+    reduce_sum over an axis stays."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+    w = jnp.linspace(-1, 1, 64 * 16).reshape(64, 16)
+    x = np.linspace(0, 1, 128 * 64, dtype=np.float32).reshape(128, 64)
+
+    def step(w, x):
+        _, vjp = jax.vjp(lambda z: jax.nn.logsumexp(z, axis=-1).mean(), x @ w)
+        (gz,) = vjp(jnp.ones(()))
+        return jnp.sum(gz.T @ gz)
+
+    def empty_sums(closed):
+        return sum(e.primitive.name == "reduce_sum" and tuple(e.params["axes"]) == ()
+                   for e in closed.jaxpr.eqns)
+
+    first = jax.make_jaxpr(step)(w, x)
+    again = jax.make_jaxpr(step)(jax.device_put(w, NamedSharding(mesh, P(None, "y"))), x)
+    if empty_sums(again) <= empty_sums(first):
+        pytest.skip("this jax adds no reduce_sum under the mesh")
+    folded = _compat.fold_retraced_mesh_ops(again)
+    assert empty_sums(folded) == 0
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+    assert _lowered(folded, avals) == _lowered(_compat.fold_retraced_mesh_ops(first), avals)
+    assert _lowered(again, avals) != _lowered(first, avals)
+    np.testing.assert_allclose(jaxpr_as_fun(folded)(w, x)[0], step(w, x), rtol=1e-6)
+    total = jax.make_jaxpr(lambda a: a.sum(axis=0))(w)
+    assert _compat.fold_retraced_mesh_ops(total) is total

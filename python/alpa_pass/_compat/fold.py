@@ -18,8 +18,10 @@ def fold_retraced_mesh_ops(closed_jaxpr):
       became literals are moved into the scan's body;
     - a broadcasting multiply's operand of the result's shape (``dt * y`` in diffrax's
       ``ODETerm.prod``, vmapped) as ``reshape[sharding=P(None, ...)]`` to its own shape on an
-      Auto-axes mesh, and ``jax.jacrev``'s unravelled rows as ``convert_element_type`` to their
-      own dtype (``_possible_downcast``): each such identity op is replaced by its operand.
+      Auto-axes mesh, ``jax.jacrev``'s unravelled rows as ``convert_element_type`` to their
+      own dtype (``_possible_downcast``), and the cotangent of a ``jax.vjp`` called with
+      ``jnp.ones(())`` as ``reduce_sum[axes=()]`` (K-FAC's sampled-Fisher vjp): each such identity
+      op is replaced by its operand.
     The same computation as the first trace, in a different program; folded, both traces lower to
     the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
     from jax.extend import core
@@ -57,13 +59,13 @@ def fold_retraced_mesh_ops(closed_jaxpr):
 
 
 def _identity_op(eqn, invars) -> bool:
-    """A ``reshape`` of a value to its own shape, or a ``convert_element_type`` to its own dtype
-    and weak type, whose sharding, if any, names no mesh axis on a mesh whose axes are all Auto
-    (it moves and changes nothing)."""
+    """A ``reshape`` of a value to its own shape, a ``convert_element_type`` to its own dtype
+    and weak type, or a ``reduce_sum`` over no axes, whose sharding, if any, names no mesh axis on
+    a mesh whose axes are all Auto (it moves and changes nothing)."""
     from jax.extend import core
 
     name = eqn.primitive.name
-    if name not in ("reshape", "convert_element_type") or len(invars) != 1 or not isinstance(invars[0], core.Var):
+    if name not in ("reshape", "convert_element_type", "reduce_sum") or len(invars) != 1 or not isinstance(invars[0], core.Var):
         return False
     src, dst = invars[0].aval, eqn.outvars[0].aval
     if src.dtype != dst.dtype or src.shape != dst.shape or getattr(src, "weak_type", False) != getattr(
@@ -72,7 +74,9 @@ def _identity_op(eqn, invars) -> bool:
     if name == "reshape" and (tuple(eqn.params.get("new_sizes", ())) != tuple(src.shape)
                               or eqn.params.get("dimensions") is not None):
         return False
-    sharding = eqn.params.get("sharding")
+    if name == "reduce_sum" and tuple(eqn.params.get("axes", (0,))) != ():
+        return False
+    sharding = eqn.params.get("sharding", eqn.params.get("out_sharding"))
     if sharding is None:
         return True
     spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
