@@ -66,6 +66,17 @@ def main():
     xs = np.ones((jax.local_device_count(), 4, 512), np.float32)
     pmapped = jax.pmap(lambda p, x: jax.lax.pmean(jnp.sum(x @ p["w2"]), "b"), in_axes=(None, 0), axis_name="b")
     out["pmap"] = np.asarray(pmapped(p0, xs)).tolist()
+
+    # a user bug: the same array donated twice (one device: XLA's clean error; on a mesh, where the
+    # planned init left frozen0, a crash; uncommitted, moved onto the mesh twice: it ran)
+    twice = jax.jit(lambda a, b: (jnp.tanh(a @ b), b * 2), donate_argnums=(0, 1))
+    out["donated_twice"] = []
+    for w in (frozen0, jnp.full((512, 512), 0.01, jnp.float32)):
+        try:
+            twice(w, w)
+            out["donated_twice"].append("ran")
+        except Exception as e:  # noqa: BLE001 (the type is the point)
+            out["donated_twice"].append(type(e).__name__)
     print(json.dumps(out))
 
 

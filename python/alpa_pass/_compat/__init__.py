@@ -124,6 +124,7 @@ def install_lowering_hook(callback, owns=None) -> None:
         call_impl = _ORIGINAL_CALL_IMPL
 
         def moving_impl(*args, in_shardings, **kwargs):
+            _check_donated_once(args, kwargs.get("donated_invars"), kwargs.get("name"))
             if len(args) == len(in_shardings):
                 args = tuple(moved(x, s) for x, s in zip(args, in_shardings))
             return call_impl(*args, in_shardings=in_shardings, **kwargs)
@@ -136,6 +137,25 @@ def install_lowering_hook(callback, owns=None) -> None:
 
         pxla.MeshExecutable.call = moving_call
         pxla.MeshExecutable.create_cpp_call = python_call_if_ours
+
+
+def _check_donated_once(args, donated, name) -> None:
+    """Raise jax's own error for an array donated twice in one call, or donated and also read
+    (``f(donate(a), a)``): on one device XLA refuses it cleanly, but on a mesh of several
+    (where a plan puts the arrays) jaxlib crashes the process instead."""
+    if not donated or not any(donated):
+        return
+    first: dict = {}  # id of an array argument -> its first position
+    for i, x in enumerate(args):
+        if not isinstance(x, jax.Array):  # (a Python scalar becomes a buffer of its own)
+            continue
+        j = first.setdefault(id(x), i)
+        if j != i and (donated[i] or donated[j]):
+            what = "donated twice" if donated[i] and donated[j] else "donated and also read"
+            raise jax.errors.JaxRuntimeError(
+                f"INVALID_ARGUMENT: jit({name}) is given the same array as arguments {j} and {i} "
+                f"(flattened) and it is {what}: a donated buffer is consumed by the call. "
+                f"Pass a copy (jnp.copy) in one of the places, or do not donate it.")
 
 
 def jit_given_in_shardings() -> list[bool] | None:
