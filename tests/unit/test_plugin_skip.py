@@ -93,7 +93,7 @@ def test_a_jax_function_called_eagerly_runs_untouched(w):
     # (flax initialisers call jnp.einsum outside any jit: jax compiles it as a jit named _einsum)
     x = jnp.ones((4, 2, N))
     assert _reason(functools.partial(jnp.einsum, "bij,jk->bki"), x, w, fun_name="_einsum") == \
-        "a jax library function called eagerly (jnp.einsum outside a jit)"
+        "a jax library function called eagerly (as jnp.einsum outside a jit)"
     assert _reason(lambda a, b: jnp.einsum("bij,jk->bki", a, b), x, w) is None  # the user's own
 
 

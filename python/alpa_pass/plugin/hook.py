@@ -178,7 +178,7 @@ class LoweringHook:
                 return (f"tiny: {size} bytes of arguments and results, values of at most {largest} bytes "
                         f"< {self.config.min_bytes}")
         if _compat.defined_in_jax(closed_jaxpr):
-            return "a jax library function called eagerly (jnp.einsum outside a jit)"
+            return "a jax library function called eagerly (as jnp.einsum outside a jit)"
         prims = _compat.jaxpr_primitive_names(closed_jaxpr)
         if prims & SHARDING_PRIMITIVES:
             return f"user shardings inside ({', '.join(sorted(prims & SHARDING_PRIMITIVES))})"
