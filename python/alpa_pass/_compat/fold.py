@@ -65,7 +65,8 @@ def _identity_op(eqn, invars) -> bool:
     from jax.extend import core
 
     name = eqn.primitive.name
-    if name not in ("reshape", "convert_element_type", "reduce_sum") or len(invars) != 1 or not isinstance(invars[0], core.Var):
+    if name not in ("reshape", "convert_element_type", "reduce_sum") or len(invars) != 1 or \
+            not isinstance(invars[0], core.Var):
         return False
     src, dst = invars[0].aval, eqn.outvars[0].aval
     if src.dtype != dst.dtype or src.shape != dst.shape or getattr(src, "weak_type", False) != getattr(
