@@ -9,6 +9,8 @@ host name otherwise, and a free port.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import logging
 import os
 import socket
 
@@ -102,7 +104,7 @@ def initialize(options: LaunchOptions = LaunchOptions()) -> ProcessInfo:
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", options.cpu_devices_per_process)
     if size == 1:
-        return ProcessInfo(0, 1, 0, 1, None)
+        return _answer_user_initialize(ProcessInfo(0, 1, 0, 1, None), None)
     jax.config.update("jax_cpu_collectives_implementation", options.cpu_collectives)
     address = options.coordinator or choose_coordinator(comm)
     check_coordinator_reachable(comm, address, options.init_timeout_s)
@@ -120,7 +122,48 @@ def initialize(options: LaunchOptions = LaunchOptions()) -> ProcessInfo:
             f"{options.init_timeout_s} s ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
             f"Check that rank 0's host is reachable from every host on that port (firewall), or give "
             f"an address every host can reach with --coordinator HOST:PORT") from e
-    return ProcessInfo(rank, size, local_rank, local_size, address)
+    return _answer_user_initialize(ProcessInfo(rank, size, local_rank, local_size, address),
+                                   [local_rank] if one else None)
+
+
+def _answer_user_initialize(info: ProcessInfo, local_device_ids) -> ProcessInfo:
+    """Make the script's own ``jax.distributed.initialize(...)`` (every multi-host JAX script calls
+    it first) a no-op when its arguments agree with the job this rank already joined; arguments
+    that name another job raise LaunchError saying which. Without this the call fails: jax allows
+    one initialisation, and its Open MPI detection does not know Open MPI 5's environment."""
+    import jax
+
+    signature = inspect.signature(jax.distributed.initialize)
+    joined = {"coordinator_address": info.coordinator, "num_processes": info.size, "process_id": info.rank,
+              "local_device_ids": local_device_ids}
+
+    def initialize(*args, **kwargs):
+        asked = signature.bind(*args, **kwargs).arguments  # (a TypeError for unknown arguments, as jax's)
+        if isinstance(asked.get("local_device_ids"), int):
+            asked["local_device_ids"] = [asked["local_device_ids"]]
+        if asked.get("local_device_ids") is not None:
+            asked["local_device_ids"] = [int(i) for i in asked["local_device_ids"]]
+        if asked.get("local_device_ids") is not None and joined["local_device_ids"] is None:
+            # (the launcher gave this rank every local accelerator; CPU devices have no ids to pick)
+            local = jax.local_devices()
+            joined["local_device_ids"] = (asked["local_device_ids"] if local[0].platform == "cpu"
+                                          else sorted(d.local_hardware_id for d in local))
+        differ = [k for k, v in joined.items() if asked.get(k) is not None and asked[k] != v
+                  and not (k == "coordinator_address" and v is None)]
+        if differ:
+            raise LaunchError(
+                "jax.distributed.initialize(" + ", ".join(f"{k}={asked[k]!r}" for k in differ) + ") asks for "
+                "another job than the one alpa_pass.launch joined (" + ", ".join(
+                    f"{k}={joined[k]!r}" for k in differ) + "): drop those arguments (the launcher sets them "
+                "up; choose the coordinator with `--coordinator HOST:PORT` and the GPUs with `--local-devices`), "
+                "or run the script with mpirun alone")
+        logging.getLogger("alpa_pass").info(
+            "alpa_pass: jax.distributed.initialize(): rank %d of %d already joined the job (alpa_pass.launch); "
+            "nothing to do", info.rank, info.size)
+
+    initialize.__doc__ = jax.distributed.initialize.__doc__
+    jax.distributed.initialize = initialize
+    return info
 
 
 def choose_coordinator(comm) -> str:
