@@ -138,6 +138,31 @@ def test_plugin_eval_step_and_restart_from_a_jitted_init_across_processes():
 
 
 @needs_mpi
+def test_a_multihost_script_initialises_jax_itself_and_feeds_a_global_batch():
+    """tests/scripts/multihost_user.py as multi-host scripts are written: its own
+    ``jax.distributed.initialize()`` (it raised under the launcher: Open MPI 5 is not detected, and
+    jax allows one initialisation) and a global batch from ``make_array_from_process_local_data``
+    (its step ran untouched under the plugin: the batch is committed to the user's mesh). Now the
+    call is a no-op, one asking for another job raises LaunchError, and the step is planned around
+    the batch's layout: the weights are split over the 4 devices of both processes, the losses
+    equal one process on one device."""
+    proc = _launch("multihost_user.py", devices=2, JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(runs) == 2 and runs[0] == runs[1]
+    assert proc.stderr.count("planned train_step on mesh 1x4") == 2, proc.stderr[-3000:]
+    assert runs[0]["kernel_devices"] == 4 and "'" in runs[0]["kernel_spec"], runs[0]
+    assert runs[0]["initialize_again"] == "LaunchError"
+    one = subprocess.run([sys.executable, "-m", "alpa_pass.launch", "--cpu-devices-per-process", "1",
+                          str(SCRIPTS / "multihost_user.py")], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=_env())
+    assert one.returncode == 0, one.stderr[-3000:]
+    want = json.loads(one.stdout.strip().splitlines()[-1])
+    assert want["kernel_devices"] == 1 and want["initialize_again"] == "LaunchError"
+    np.testing.assert_allclose(runs[0]["losses"], want["losses"], rtol=helpers.RTOL, atol=helpers.ATOL)
+
+
+@needs_mpi
 def test_plugin_jit_spans_all_processes():
     """``JAX_PLUGINS=alpa_pass`` + an unchanged jax.jit script: parameters split over the 4 devices
     of both processes, losses equal the plain single-device run."""

@@ -112,3 +112,20 @@ def test_batched_lapack_runs_untouched_on_simulated_cpu_devices_of_old_jaxlib(w)
     assert _reason(batched, w, w) == ("batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 "
                                       "can deadlock in it)" if old else None)
     assert _reason(single, w, w) is None
+
+
+def test_arguments_committed_to_part_of_the_devices_keep_it_there():
+    """``jax.device_put(x, jax.devices()[2])`` or a user mesh of half the devices: the computation
+    runs where the user put its arguments; a user mesh over all devices is planned around
+    (planner.user_pins), as are our own layouts and uncommitted arrays."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    hook = LoweringHook(PluginConfig())
+    devices = jax.devices()
+    one = jax.sharding.SingleDeviceSharding(devices[2])
+    half = NamedSharding(Mesh(np.array(devices[:4]), ("d",)), P("d"))
+    whole = NamedSharding(Mesh(np.array(devices).reshape(2, 4), ("a", "b")), P("a"))
+    assert hook._placed_apart([_compat.unspecified(), one]) == "arguments committed to 1 of the 8 devices"
+    assert hook._placed_apart([half, whole]) == "arguments committed to 4 of the 8 devices"
+    assert hook._placed_apart([_compat.unspecified(), whole]) is None

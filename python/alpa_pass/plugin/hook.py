@@ -18,6 +18,10 @@ Arguments that arrive in another plan's layouts: those the computation returns n
 layouts of ours they get another plan under the same key (a variant); the others (a train step's
 state coming from a jitted init) are resharded on entry through jax's Python dispatch
 (``_compat.python_dispatch``: jax's C++ path would pass them as they are).
+
+Arguments committed to the user's own sharding over all devices (a multi-host script's global
+batch, arrays ``jax.device_put`` on the user's mesh) are read as they are (``planner.user_pins``);
+committed to part of the devices, they keep the computation there, untouched.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ import dataclasses
 import hashlib
 import logging
 import threading
+
+import jax
 
 from alpa_pass import _compat
 from alpa_pass.errors import AlpaPassError, MeshError
@@ -104,7 +110,7 @@ class LoweringHook:
         args = (closed_jaxpr, api_name, fun_name, in_shardings, out_shardings, in_layouts,
                 out_layouts, donated_invars)
         reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else \
-            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs, fun_name)
+            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs, fun_name) or self._placed_apart(in_shardings)
         if reason is None:
             # (a step traced again under our mesh makes tanh's 1 as a reshard: folded, the same
             # program as its first trace, one plan and one executable for both)
@@ -114,8 +120,8 @@ class LoweringHook:
             key = _cache_key(probe, args, kwargs)
             variants = self._cache.get(key, [])
             entry = next((e for e in variants if self._follows(e, closed_jaxpr, in_shardings)), None)
-            ours = all(_compat.is_unspecified(s) or self.owns(s) for s in in_shardings)
-            if entry is None and ours and (not variants or variants[0].computation is not None):
+            # (arguments committed to the user's own shardings are read as they are: planner.user_pins)
+            if entry is None and (not variants or variants[0].computation is not None):
                 computation = self._plan_new(key, probe, original, folded, kwargs)
                 entry = self._cache[key][-1]
                 if entry.computation is None:
@@ -128,8 +134,6 @@ class LoweringHook:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
                     return self._for_arrival(entry, closed_jaxpr, in_shardings)
-            else:
-                reason = "arguments committed to shardings of the user's"
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
         return original(*args, **kwargs)
@@ -192,6 +196,15 @@ class LoweringHook:
             return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
         return None
 
+    def _placed_apart(self, in_shardings) -> str | None:
+        """Why arguments the user committed to part of the devices (``jax.device_put(x,
+        jax.devices()[0])``) keep the computation where they are, or None. Arguments committed to
+        a user's sharding over all devices are read as they are by the plan (``planner.user_pins``)."""
+        n = len(jax.devices())
+        few = {len(s.device_set) for s in in_shardings if not _compat.is_unspecified(s) and not self.owns(s)
+               and len(s.device_set) < n}
+        return f"arguments committed to {min(few)} of the {n} devices" if few else None
+
     def owns(self, sharding) -> bool:
         """Whether ``sharding`` is a layout one of our plans produced (a NamedSharding over the mesh
         of a plan): arguments committed to it are resharded into the next plan's layouts on entry,
@@ -246,7 +259,8 @@ class LoweringHook:
             self._planner = PluginPlanner(self.config)
         self._local.busy = True
         try:
-            plan, in_sh, computation, follow = self._planner.plan(probe, original, args, kwargs, self.stats.planned)
+            plan, in_sh, computation, follow = self._planner.plan(probe, original, args, kwargs, self.stats.planned,
+                                                                  owns=self.owns)
             entry = Entry(name=args[2], plan=plan, in_shardings=in_sh, computation=computation,
                           kept=tuple(_compat.kept_var_idx(computation)), followable=follow)
         except (PluginConfigError, MeshError):

@@ -7,6 +7,7 @@ the MLIR walkers).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -19,7 +20,7 @@ from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.driver.planning import plan_request
 from alpa_pass.driver.request import PlanRequest, node_ties
 from alpa_pass.emit.plan_emission import emit_plan
-from alpa_pass.errors import ExtractError
+from alpa_pass.errors import ExtractError, ShardingError
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.follow import with_unit_dim_views
@@ -45,14 +46,16 @@ class PluginPlanner:
         self.config = config
         self._method = None
 
-    def plan(self, probe, original, args, kwargs, index: int):
+    def plan(self, probe, original, args, kwargs, index: int, owns=lambda sharding: False):
         """Plan the probe's module (jax's lowering of the computation without shardings), lower
         again with the plan's shardings (``original``: jax's own lowering function, ``args`` /
         ``kwargs``: its arguments) and emit the plan into that lowering's module.
-        ``index``: how many computations were planned before (names the report files).
+        ``index``: how many computations were planned before (names the report files); ``owns``:
+        whether a sharding is one of our plans' (the others committed are the user's: :func:`user_pins`).
         Returns (plan, in_shardings over all jaxpr inputs, the lowered computation, the jaxpr input
         positions that keep an earlier plan's layouts when they arrive in one: :func:`followable`)."""
         closed_jaxpr, _, name, _, _, _, _, donated = args
+        users = {i: s for i, s in enumerate(args[3]) if not _compat.is_unspecified(s) and not owns(s)}
         method, meshes = self.method()
         option = method.planning_option()
         t = time.perf_counter()
@@ -79,8 +82,18 @@ class PluginPlanner:
         pins, follow, positions, order = [], [], [], ()
         if not isinstance(meshes, LogicalMesh):  # ALPA_PASS_MESH=auto: the mesh followed arguments lie on
             meshes = arrival_mesh(meshes, [args[3][i] for i, _ in followable(graph, kept, returned)]) or meshes
+            if not isinstance(meshes, LogicalMesh) and users:
+                # (arguments in the user's layouts: the first candidate mesh that can hold them as they are)
+                meshes = next((m for m in meshes if _holds(graph, kept, users, m, closed_jaxpr.in_avals)), meshes[0])
+        user = {}
+        if isinstance(meshes, LogicalMesh) and self.config.mesh_shape is None and users \
+                and not _holds(graph, kept, users, meshes, closed_jaxpr.in_avals):
+            # (no ALPA_PASS_MESH: plan on the mesh of the user's arrays when 1 x N cannot hold them)
+            meshes = next((m for m in _user_meshes(users.values())
+                           if _holds(graph, kept, users, m, closed_jaxpr.in_avals)), meshes)
         if isinstance(meshes, LogicalMesh):
-            pins = list(method.pins(graph, ties, meshes))
+            user = user_pins(graph, kept, users, meshes, closed_jaxpr.in_avals)
+            pins = [(v, s) for v, s in method.pins(graph, ties, meshes) if int(v) not in user] + list(user.items())
             positions = followable(graph, kept, returned, {int(v) for v, _ in pins})
             follow = arrival_pins(positions, args[3], meshes)
             if follow:
@@ -95,6 +108,10 @@ class PluginPlanner:
         timings = plan.timings
         t = time.perf_counter()
         in_sh, out_sh = _entry_shardings(plan, kept, len(closed_jaxpr.in_avals))
+        if user:  # the user's own sharding objects: the next batch committed alike gets this computation
+            params = graph.param_nodes()
+            given = {i for k, i in enumerate(kept) if params[k] in user}
+            in_sh = tuple(args[3][i] if i in given else s for i, s in enumerate(in_sh))
         computation = original(*args[:3], in_sh, out_sh, *args[5:], **kwargs)
         plan.emit_report = emit_plan(_compat.computation_module(computation), graph, plan, option, name=name)
         timings["emit"] = time.perf_counter() - t
@@ -135,6 +152,64 @@ def followable(graph, kept, returned, pinned=()) -> list[tuple[int, int]]:
     skip = {int(p) for o, p in returned if graph.operands(int(o)) != [int(p)]} | set(pinned)
     params = graph.param_nodes()
     return [(i, params[k]) for k, i in enumerate(kept) if params[k] >= 0 and params[k] not in skip]
+
+
+def user_pins(graph, kept, users, mesh: LogicalMesh, in_avals) -> dict[int, list[int]]:
+    """Parameter node -> core spec on ``mesh`` for each argument the computation reads that arrives
+    committed to a sharding of the user's (``users``: jaxpr input position -> that sharding, for
+    the arguments not in a plan's layout): the batch a multi-host script
+    assembles with ``jax.make_array_from_process_local_data``, or arrays it ``jax.device_put`` on
+    its own mesh. The plan reads them as they are (no reshard on entry, and the user's layout is
+    kept); the rest of the computation is planned around them.
+
+    Raises ShardingError when one has no equal layout on ``mesh`` (another device order, or splits
+    that ``mesh``'s axes cannot make): the computation then runs as the user wrote it."""
+    params = graph.param_nodes()
+    out = {}
+    for k, i in enumerate(kept):
+        s = users.get(i)
+        if params[k] < 0 or s is None:
+            continue
+        spec = equal_spec(s, len(in_avals[i].shape), mesh)
+        if spec is None:
+            raise ShardingError(f"argument {i} is committed to {s}, which no layout on mesh "
+                                f"{'x'.join(map(str, mesh.shape))} {tuple(mesh.axis_names)} equals; set ALPA_PASS_MESH "
+                                f"to the shape of that sharding's mesh, or pass the array uncommitted")
+        out[int(params[k])] = spec
+    return out
+
+
+def _user_meshes(shardings) -> list[LogicalMesh]:
+    """The meshes over all devices that the user's committed arrays lie on, as LogicalMeshes."""
+    out, n = {}, len(jax.devices())
+    for s in shardings:
+        mesh = getattr(s, "mesh", None)
+        if isinstance(s, NamedSharding) and mesh.devices.size == n:
+            out.setdefault(mesh_identity(mesh), LogicalMesh(shape=tuple(mesh.devices.shape),
+                                                            devices=tuple(mesh.devices.flat)))
+    return list(out.values())
+
+
+def _holds(graph, kept, users, mesh, in_avals) -> bool:
+    try:
+        user_pins(graph, kept, users, mesh, in_avals)
+    except ShardingError:
+        return False
+    return True
+
+
+def equal_spec(sharding, ndim: int, mesh: LogicalMesh) -> list[int] | None:
+    """The core spec (tensor dim per mesh axis, -1 = none) of the layout on ``mesh`` that places
+    the same blocks on the same devices as ``sharding`` (an array of rank ``ndim``), or None. Axes
+    that split one dim are tried in mesh order (the plan's default axis order)."""
+    jmesh = mesh.jax_mesh()
+    axes = [a for a, n in zip(mesh.axis_names, mesh.shape) if n > 1]
+    for dims in itertools.product(range(-1, ndim), repeat=len(axes)):
+        spec = PartitionSpec(*(tuple(a for a, d in zip(axes, dims) if d == t) or None for t in range(ndim)))
+        if NamedSharding(jmesh, spec).is_equivalent_to(sharding, ndim):
+            names = list(mesh.axis_names)
+            return [dims[axes.index(a)] if a in axes else -1 for a in names]
+    return None
 
 
 def arrival_mesh(candidates, shardings) -> LogicalMesh | None:
