@@ -123,7 +123,7 @@ def test_arguments_committed_to_part_of_the_devices_keep_it_there():
 
     hook = LoweringHook(PluginConfig())
     devices = jax.devices()
-    one = jax.sharding.SingleDeviceSharding(devices[2])
+    one = jax.device_put(jnp.zeros(2), devices[2]).sharding  # (jax 0.12 deprecates naming its class)
     half = NamedSharding(Mesh(np.array(devices[:4]), ("d",)), P("d"))
     whole = NamedSharding(Mesh(np.array(devices).reshape(2, 4), ("a", "b")), P("a"))
     assert hook._placed_apart([_compat.unspecified(), one]) == "arguments committed to 1 of the 8 devices"
