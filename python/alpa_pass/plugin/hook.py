@@ -109,8 +109,9 @@ class LoweringHook:
             raise self.config_error
         args = (closed_jaxpr, api_name, fun_name, in_shardings, out_shardings, in_layouts,
                 out_layouts, donated_invars)
-        reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else \
-            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs, fun_name) or self._placed_apart(in_shardings)
+        reason = "inside alpa_pass planning" if getattr(self._local, "busy", False) else (
+            self.skip_reason(closed_jaxpr, api_name, out_shardings, kwargs, fun_name)
+            or self._placed_apart(in_shardings))
         if reason is None:
             # (a step traced again under our mesh makes tanh's 1 as a reshard: folded, the same
             # program as its first trace, one plan and one executable for both)
@@ -129,7 +130,7 @@ class LoweringHook:
                 return self._for_arrival(entry, closed_jaxpr, in_shardings)
             if variants:
                 entry = entry or variants[0]
-                reason = self._reuse_reason(entry, in_shardings)
+                reason = self._reuse_reason(entry, in_shardings, closed_jaxpr.in_avals)
                 if reason is None:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
@@ -213,12 +214,13 @@ class LoweringHook:
         devices = getattr(mesh, "devices", None)
         return devices is not None and mesh_identity(mesh) in self._owned_meshes
 
-    def _reuse_reason(self, entry: Entry, in_shardings) -> str | None:
-        """None when ``entry``'s computation can run these arguments, else why not."""
+    def _reuse_reason(self, entry: Entry, in_shardings, in_avals) -> str | None:
+        """None when ``entry``'s computation can run these arguments, else why not (arguments in
+        the user's layouts: the plan read them as they are, in an equal layout on its own mesh)."""
         if entry.computation is None:
             return "planning it failed before"
-        if not all(_compat.is_unspecified(s) or s == p or self.owns(s)
-                   for s, p in zip(in_shardings, entry.in_shardings)):
+        if not all(_compat.is_unspecified(s) or s == p or self.owns(s) or s.is_equivalent_to(p, len(a.shape))
+                   for s, p, a in zip(in_shardings, entry.in_shardings, in_avals)):
             return "arguments committed to shardings of the user's, not the plan's"
         return None
 

@@ -108,10 +108,6 @@ class PluginPlanner:
         timings = plan.timings
         t = time.perf_counter()
         in_sh, out_sh = _entry_shardings(plan, kept, len(closed_jaxpr.in_avals))
-        if user:  # the user's own sharding objects: the next batch committed alike gets this computation
-            params = graph.param_nodes()
-            given = {i for k, i in enumerate(kept) if params[k] in user}
-            in_sh = tuple(args[3][i] if i in given else s for i, s in enumerate(in_sh))
         computation = original(*args[:3], in_sh, out_sh, *args[5:], **kwargs)
         plan.emit_report = emit_plan(_compat.computation_module(computation), graph, plan, option, name=name)
         timings["emit"] = time.perf_counter() - t
@@ -185,7 +181,8 @@ def _user_meshes(shardings) -> list[LogicalMesh]:
     for s in shardings:
         mesh = getattr(s, "mesh", None)
         if isinstance(s, NamedSharding) and mesh.devices.size == n:
-            out.setdefault(mesh_identity(mesh), LogicalMesh(shape=tuple(mesh.devices.shape),
+            # (named as the user's: the module may name its axes, as flax NNX's Linear does in its dot)
+            out.setdefault(mesh_identity(mesh), LogicalMesh(shape=tuple(mesh.devices.shape), axis_names=mesh.axis_names,
                                                             devices=tuple(mesh.devices.flat)))
     return list(out.values())
 
