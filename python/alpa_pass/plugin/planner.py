@@ -82,15 +82,9 @@ class PluginPlanner:
         pins, follow, positions, order = [], [], [], ()
         if not isinstance(meshes, LogicalMesh):  # ALPA_PASS_MESH=auto: the mesh followed arguments lie on
             meshes = arrival_mesh(meshes, [args[3][i] for i, _ in followable(graph, kept, returned)]) or meshes
-            if not isinstance(meshes, LogicalMesh) and users:
-                # (arguments in the user's layouts: the first candidate mesh that can hold them as they are)
-                meshes = next((m for m in meshes if _holds(graph, kept, users, m, closed_jaxpr.in_avals)), meshes[0])
-        user = {}
-        if isinstance(meshes, LogicalMesh) and self.config.mesh_shape is None and users \
-                and not _holds(graph, kept, users, meshes, closed_jaxpr.in_avals):
-            # (no ALPA_PASS_MESH: plan on the mesh of the user's arrays when 1 x N cannot hold them)
-            meshes = next((m for m in _user_meshes(users.values())
-                           if _holds(graph, kept, users, m, closed_jaxpr.in_avals)), meshes)
+        if users:
+            meshes = mesh_for_user_layouts(meshes, users, graph, kept, closed_jaxpr.in_avals,
+                                           adopt=self.config.mesh_shape is None)
         if isinstance(meshes, LogicalMesh):
             user = user_pins(graph, kept, users, meshes, closed_jaxpr.in_avals)
             pins = [(v, s) for v, s in method.pins(graph, ties, meshes) if int(v) not in user] + list(user.items())
@@ -185,6 +179,18 @@ def _user_meshes(shardings) -> list[LogicalMesh]:
             out.setdefault(mesh_identity(mesh), LogicalMesh(shape=tuple(mesh.devices.shape), axis_names=mesh.axis_names,
                                                             devices=tuple(mesh.devices.flat)))
     return list(out.values())
+
+
+def mesh_for_user_layouts(meshes, users, graph, kept, in_avals, adopt: bool):
+    """The mesh to plan on when arguments arrive in the user's layouts (``users``, as for
+    :func:`user_pins`): the first of ``meshes`` (one, or ALPA_PASS_MESH=auto's candidates) that
+    holds them as they are, then, with ``adopt`` (no ALPA_PASS_MESH), the user's own mesh (1 x N
+    cannot hold a 2x4 ``('data', 'model')`` mesh's ``P(None, 'model')``); none holds them: the
+    first of ``meshes`` (``user_pins`` then says why the step runs untouched)."""
+    candidates = [meshes] if isinstance(meshes, LogicalMesh) else list(meshes)
+    if adopt:
+        candidates += _user_meshes(users.values())
+    return next((m for m in candidates if _holds(graph, kept, users, m, in_avals)), candidates[0])
 
 
 def _holds(graph, kept, users, mesh, in_avals) -> bool:
