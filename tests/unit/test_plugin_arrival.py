@@ -49,3 +49,31 @@ def test_a_user_layout_reads_as_the_equal_layout_on_our_mesh_or_none():
     # 4 blocks of 2 devices each: the 2x4 mesh splits by 2 or 4 (along y) or 8, never 4 along x*y/2
     assert equal_spec(NamedSharding(Mesh(devices.reshape(4, 2), ("a", "b")), P("a")), 1, ours) is None
     assert equal_spec(NamedSharding(Mesh(devices[::-1], ("batch",)), P("batch")), 1, ours) is None
+
+
+def test_a_fed_back_leaf_ties_to_the_argument_it_is_computed_from_not_to_the_first_of_its_shape():
+    """plugin.planner._node_ties: the plugin sees flat leaves, so it pairs each output with an
+    argument of the same shape and dtype. A batch ``(B, D)`` in front of a weight ``(B, D)`` (an
+    Equinox step donating all but the model, whose leaves come last) took the new weight's tie; the
+    weight, fed back, then read as an argument that keeps an arriving layout: a second plan, worse
+    (objective 322563 -> 494595 on 1x8, s41). The new weight is computed elementwise from the
+    weight: that pairs them; a new PRNG key (no elementwise path) still pairs by shape."""
+    import jax
+    import jax.numpy as jnp
+
+    from alpa_pass.extract.stablehlo import extract_graph
+    from alpa_pass.plugin.planner import _node_ties
+
+    def step(count, x, key, w, m):
+        g = jax.grad(lambda w: jnp.tanh(x.T @ w).sum())(w) + jax.random.normal(key, w.shape)
+        m = 0.9 * m + 0.1 * g
+        return w - 0.1 * m, jax.random.split(key)[0], m, count + 1, (x * 2).sum()
+
+    args = (jnp.int32(0), jnp.ones((64, 16)), jax.random.PRNGKey(0), jnp.ones((64, 16)), jnp.ones((64, 16)))
+    closed = jax.make_jaxpr(step)(*args)
+    graph = extract_graph(jax.jit(step).lower(*args).compiler_ir("stablehlo"))
+    params, outs = graph.param_nodes(), graph.output_nodes()
+    ties = _node_ties(graph, closed.in_avals, closed.out_avals)
+    by_output = {outs.index(o): params.index(p) for o, p in ties}
+    # new weight -> weight (3), new key -> key (2), new momentum -> momentum (4), count -> count (0)
+    assert by_output == {0: 3, 1: 2, 2: 4, 3: 0}

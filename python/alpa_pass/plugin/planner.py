@@ -18,9 +18,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from alpa_pass import _compat
 from alpa_pass.driver.meshes import resolve_mesh
 from alpa_pass.driver.planning import plan_request
-from alpa_pass.driver.request import PlanRequest, node_ties
+from alpa_pass.driver.request import PlanRequest
 from alpa_pass.emit.plan_emission import emit_plan
 from alpa_pass.errors import ExtractError, ShardingError
+from alpa_pass.extract.graph import OpKind
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.methods.follow import with_unit_dim_views
@@ -31,6 +32,7 @@ from alpa_pass.options import AutoShardingOption
 from alpa_pass.plugin.config import PluginConfig, PluginConfigError
 from alpa_pass.plugin.hook import mesh_identity
 from alpa_pass.plugin.report import write_report
+from alpa_pass.trace.lower import output_ties
 from alpa_pass.trace.scan_peel import peel_layer_scans
 
 log = logging.getLogger("alpa_pass")
@@ -270,9 +272,54 @@ def _entry_shardings(plan, kept, num_inputs):
 
 
 def _node_ties(graph, in_avals, out_avals) -> list[tuple[int, int]]:
-    """Output/input node pairs to give one sharding: each output leaf ties to the first unused
-    input leaf of the same shape and dtype, in order (the new ``state`` of a training step)."""
+    """Output/input node pairs to give one sharding (the new ``state`` of a training step), from
+    flat leaves (the plugin sees no pytrees). First by dataflow (:func:`_dataflow_ties`: the new
+    weight ``w - lr * u`` is computed elementwise from ``w``), then each remaining output leaf ties
+    to the first unused input leaf of the same shape and dtype, in order (a new PRNG key, a flag
+    set to a constant). Dataflow first: by shapes alone, a batch ``(512, 128)`` in front of a
+    weight ``(512, 128)`` took the weight's tie, and the weight, fed back, was read as an
+    argument that keeps an arriving layout (:func:`followable`): a second, worse plan."""
     def sds(avals):
-        return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals)
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
 
-    return node_ties(graph, sds(in_avals), sds(out_avals))
+    params, outs = graph.param_nodes(), graph.output_nodes()
+    ins, res = sds(in_avals), sds(out_avals)
+    flow = [(o, i) for o, i in _dataflow_ties(graph) if res[o] == ins[i]]
+    rest_in = [i for i in range(len(ins)) if i not in {i for _, i in flow}]
+    rest_out = [o for o in range(len(res)) if o not in {o for o, _ in flow}]
+    rest = output_ties(tuple(ins[i] for i in rest_in), tuple(res[o] for o in rest_out))
+    pairs = flow + [(rest_out[o], rest_in[i]) for o, i in rest]
+    return [(outs[o], params[i]) for o, i in pairs]
+
+
+def _dataflow_ties(graph, max_depth: int = 8) -> list[tuple[int, int]]:
+    """(output index, argument index) pairs where the output is computed from the argument by
+    elementwise ops of the output's shape (an update ``w + u``, an average ``b * m + (1 - b) * g``,
+    an argument returned as it came): for each output the arguments so reached within
+    ``max_depth`` ops, nearest first; pairs are taken nearest first overall, each output and each
+    argument once (ties in depth: lower output, then lower argument index)."""
+    param_index = {v: i for i, v in enumerate(graph.param_nodes()) if v >= 0}
+    found = []
+    for o, out in enumerate(graph.output_nodes()):
+        if out < 0:
+            continue
+        shape, seen = graph.shape(out), set()
+        frontier = graph.operands(out)
+        for depth in range(max_depth + 1):
+            nxt = []
+            for v in frontier:
+                if v in seen or graph.shape(v) != shape:
+                    continue
+                seen.add(v)
+                if v in param_index:
+                    found.append((depth, o, param_index[v]))
+                elif graph.kind[v] == OpKind.ELEMENTWISE:
+                    nxt.extend(graph.operands(v))
+            frontier = nxt
+    pairs, used_out, used_in = [], set(), set()
+    for _, o, i in sorted(found):
+        if o not in used_out and i not in used_in:
+            pairs.append((o, i))
+            used_out.add(o)
+            used_in.add(i)
+    return pairs
