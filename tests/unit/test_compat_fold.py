@@ -156,3 +156,28 @@ def test_a_vjp_seeded_with_ones_folds_its_identity_reduce_sum():
     np.testing.assert_allclose(jaxpr_as_fun(folded)(w, x)[0], step(w, x), rtol=1e-6)
     total = jax.make_jaxpr(lambda a: a.sum(axis=0))(w)
     assert _compat.fold_retraced_mesh_ops(total) is total
+
+
+def test_a_linear_solve_keeps_its_named_sub_programs():
+    """jax.scipy.sparse.linalg.cg with a nonlinear matvec (a Gauss-Newton / Hessian-free step),
+    traced again under the mesh: its ``custom_linear_solve`` holds its sub-programs in a named
+    tuple (``jaxprs.solve``, ``transpose_solve`` may be None). Folded into a plain tuple, jax's
+    lowering failed (AttributeError: 'tuple' object has no attribute 'solve') and the script died
+    at the step's second call (s42)."""
+    from jax.scipy.sparse.linalg import cg
+
+    def step(w, x):
+        f = lambda w: jnp.tanh(x @ w)  # noqa: E731
+        g = jax.grad(lambda w: jnp.mean(f(w) ** 2))(w)
+        d, _ = cg(lambda v: jax.jvp(f, (w,), (v,))[1].T @ x @ jnp.eye(16) / 32 + 0.1 * v, g, maxiter=3)
+        return w - d
+
+    w, x = jnp.ones((16, 16)) * 0.1, jnp.linspace(-1, 1, 32 * 16).reshape(32, 16)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+    again = jax.make_jaxpr(step)(jax.device_put(w, NamedSharding(mesh, P())),
+                                 jax.device_put(x, NamedSharding(mesh, P("x"))))
+    folded = _compat.fold_retraced_mesh_ops(again)
+    assert folded is not again  # (the tanh's reshard 1.0 inside the solve's matvec was folded)
+    solves = [e for e in folded.jaxpr.eqns if e.primitive.name == "custom_linear_solve"]
+    assert solves and hasattr(solves[0].params["jaxprs"], "solve")
+    np.testing.assert_allclose(jax.jit(jaxpr_as_fun(folded))(w, x)[0], step(w, x), rtol=1e-5)

@@ -100,10 +100,14 @@ def _fold_params(params: dict, fold) -> tuple[dict, bool]:
 
     out, changed = dict(params), False
     for k, v in params.items():
-        if isinstance(v, tuple) and v and all(isinstance(b, (core.ClosedJaxpr, core.Jaxpr)) for b in v):
+        if isinstance(v, tuple) and any(isinstance(b, (core.ClosedJaxpr, core.Jaxpr)) for b in v) and \
+                all(b is None or isinstance(b, (core.ClosedJaxpr, core.Jaxpr)) for b in v):
             folded = [one(b) for b in v]
             if any(c for _, c in folded):
-                out[k], changed = tuple(b for b, _ in folded), True
+                # (a namedtuple stays one: custom_linear_solve reads ``jaxprs.solve``, and its
+                # ``transpose_solve`` may be None)
+                rebuilt = [b for b, _ in folded]
+                out[k], changed = (type(v)._make(rebuilt) if hasattr(v, "_fields") else tuple(rebuilt)), True
         else:
             new, c = one(v)
             if c:

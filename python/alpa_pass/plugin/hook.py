@@ -117,7 +117,15 @@ class LoweringHook:
             # program as its first trace, one plan and one executable for both)
             folded = (_compat.fold_retraced_mesh_ops(closed_jaxpr), *args[1:])
             unspecified = tuple(_compat.unspecified() for _ in in_shardings)
-            probe = original(*folded[:3], unspecified, *folded[4:], **kwargs)
+            try:
+                probe = original(*folded[:3], unspecified, *folded[4:], **kwargs)
+            except Exception as e:  # (our rewrite of the program must not cost the user's step)
+                if folded[0] is closed_jaxpr:
+                    raise
+                log.warning("alpa_pass: %s could not be lowered with its retraced no-op equations folded "
+                            "(%s: %s); planning it as traced", fun_name, type(e).__name__, e)
+                folded = args
+                probe = original(*folded[:3], unspecified, *folded[4:], **kwargs)
             key = _cache_key(probe, args, kwargs)
             variants = self._cache.get(key, [])
             entry = next((e for e in variants if self._follows(e, closed_jaxpr, in_shardings)), None)
