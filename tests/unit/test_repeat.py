@@ -188,3 +188,48 @@ def test_gpt_tied_ilp_does_not_grow_with_the_layer_count(gpt_graphs):
     assert stats[8]["groups_after"] == stats[6]["groups_after"]
     assert stats[4]["groups_after"] <= stats[8]["groups_after"] <= 1.1 * stats[4]["groups_after"]
     assert stats[8]["groups_after"] < stats[8]["groups_before"] / 3  # two layers' worth of 8
+
+
+def test_pins_that_part_the_repeated_layers_untie_them_rather_than_fail():
+    """An FNO's eval step reads its train step's parameters where they lie (plugin following):
+    the spectral weights of layers 0 and 1 split, layer 2's replicated. With the repeated layers
+    tied to one layout no plan kept both, and the eval step ran unplanned ("the sharding ILP is
+    infeasible", s42); without a memory budget only such pins can leave no plan, so the planner
+    unties the layers (as it does for a budget) and keeps every pin."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    import alpa_pass as ap
+    from alpa_pass.driver.planning import solve_graph
+
+    class Spectral(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, h, w, c = x.shape
+            w1 = self.param("w1", lambda k, s: (jax.random.uniform(k, s) + 0j).astype(jnp.complex64), (c, c, 4, 4))
+            top = jnp.einsum("bxyi,ioxy->bxyo", jnp.fft.rfftn(x, axes=(1, 2))[:, :4, :4], w1)
+            out = jnp.zeros((b, h, w // 2 + 1, c), jnp.complex64).at[:, :4, :4].set(top)
+            return jnp.fft.irfftn(out, s=(h, w), axes=(1, 2))
+
+    class FNO(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(8)(x)
+            for _ in range(3):
+                x = nn.gelu(Spectral()(x) + nn.Conv(8, (1, 1))(x))
+            return nn.Dense(1)(x)
+
+    x = jnp.ones((8, 16, 16, 2))
+    params = FNO().init(jax.random.PRNGKey(0), x)
+    lowered = jax.jit(lambda p, x: FNO().apply(p, x).mean()).lower(params, x)
+    graph = extract_graph(lowered.compiler_ir("stablehlo"))
+    names = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)]
+    params_at = graph.param_nodes()
+    pins = [(params_at[i], [-1, 1] if "Spectral_0" in n or "Spectral_1" in n else [-1, -1])
+            for i, n in enumerate(names)]
+    assert sum(s == [-1, 1] for _, s in pins) == 2
+    plan = solve_graph(graph, ap.LogicalMesh(shape=(1, 8)), ap.AutoShardingOption(), pins=pins)
+    untied = solve_graph(graph, ap.LogicalMesh(shape=(1, 8)), ap.AutoShardingOption(tie_repeated_layers=False),
+                         pins=pins)
+    assert [list(plan.node_specs[v]) for v, _ in pins] == [s for _, s in pins]
+    assert plan.objective == pytest.approx(untied.objective)

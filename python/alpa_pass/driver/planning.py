@@ -160,7 +160,8 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
         log.warning("alpa_pass: %d ops cannot read their pinned operands as pinned and may reshard them: %s",
                     len(problem.unpinned_uses), ", ".join(graph.labels[v] for v in problem.unpinned_uses[:8]))
     timings["build"] = time.perf_counter() - t
-    if tied_infeasible is not None and _bound_exceeds_budget(problem, option, where, tied_infeasible):
+    if tied_infeasible is not None and option.memory_budget_per_device is not None and \
+            _bound_exceeds_budget(problem, option, where, tied_infeasible):
         return _solve_relaxed(graph, mesh, _relaxed(option), ties, timings, progress, pins, pinned_uses,
                               tied_infeasible, axis_order)
     if progress is not None:
@@ -181,9 +182,13 @@ def solve_graph(graph: OpGraph, mesh: LogicalMesh, option: AutoShardingOption,
             return solve_graph(graph, mesh, option, [t for t in ties if tuple(t) not in loop_ties], timings,
                                progress, pins, pinned_uses, axis_order=axis_order)
         relaxed = _relaxed(option)
-        if option.memory_budget_per_device is None or relaxed is None:
+        if relaxed is None or (option.memory_budget_per_device is None and not pins):
             raise
-        log.info("alpa_pass: no plan fits the memory budget on mesh %s with %s; planning without",
+        # (without a budget only pins can leave no plan: arguments kept in the layouts they
+        # arrive in, which a restriction can contradict -- repeated layers tied to one layout
+        # while their parameters arrive in two, as an FNO's eval step read its train step's)
+        log.info("alpa_pass: no plan %s on mesh %s with %s; planning without",
+                 "keeps the pinned layouts" if option.memory_budget_per_device is None else "fits the memory budget",
                  where, _restriction(option))
         return _solve_relaxed(graph, mesh, relaxed, ties, timings, progress, pins, pinned_uses,
                               tied_infeasible or e, axis_order)
