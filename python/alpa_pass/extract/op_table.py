@@ -10,8 +10,11 @@ express (e.g. a bitcast_convert that changes the shape); the caller then makes i
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Optional
+
+import numpy as np
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -89,6 +92,10 @@ def _runtime_indexed(sliced_operand: int) -> Rule:
         full = shape_of(op.operands[0])
         part = shape_of(op.results[0] if sliced_operand == 0 else op.operands[1])
         dims = [d for d in range(len(full)) if part[d] < full[d]]
+        starts = [constant_ints(v) for v in op.operands[1 + sliced_operand:]]
+        if all(s is not None and s.size == 1 for s in starts) and _in_range(
+                [int(s.reshape(-1)[0]) for s in starts], full, part):
+            return _each_result(OpKind.ELEMENTWISE, ins, dims, len(op.results))  # a static slice
         return _each_result(OpKind.ELEMENTWISE, ins, [-1] + dims if dims else [], len(op.results))
 
     return rule
@@ -242,8 +249,61 @@ def _convolution(op, ins):
     return [(OpKind.CONVOLUTION, ins[:2], attrs)]
 
 
+def constant_ints(value) -> "np.ndarray | None":
+    """The integers ``value`` holds when a constant expression computes it (a constant, and
+    broadcast_in_dim / reshape / convert / concatenate of such: how jax builds the start indices
+    of a static slice's gather or scatter), else None."""
+    owner = value.owner
+    name = getattr(owner, "name", None)
+    if name == "stablehlo.constant":
+        try:
+            attr = ir.DenseIntElementsAttr(owner.attributes["value"])
+        except ValueError:
+            return None
+        shape = shape_of(value)
+        if attr.is_splat:
+            return np.full(shape, int(attr.get_splat_value().value), dtype=np.int64)
+        return np.array([int(v) for v in attr], dtype=np.int64).reshape(shape)
+    if name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert",
+                    "stablehlo.concatenate") or len(shape_of(value)) > 1 or math.prod(shape_of(value)) > 64:
+        return None
+    parts = [constant_ints(v) for v in owner.operands]
+    if any(p is None for p in parts):
+        return None
+    if name == "stablehlo.concatenate":
+        return np.concatenate([p.reshape(shape_of(v)) for p, v in zip(parts, owner.operands)],
+                              axis=_int(owner, "dimension"))
+    if name == "stablehlo.broadcast_in_dim" and parts[0].size != 1:
+        return None  # (only a scalar's broadcast: enough for the index vectors above)
+    return np.broadcast_to(parts[0].reshape(-1)[0] if parts[0].size == 1 else parts[0], shape_of(value)).copy()
+
+
+def _in_range(starts, full, part) -> bool:
+    """Whether every start keeps its slice inside the operand (no clamping: the op is a slice)."""
+    return len(starts) == len(full) and all(0 <= s <= f - p for s, f, p in zip(starts, full, part))
+
+
+def _static_slice_gather(op, dn) -> bool:
+    """A gather that is a static slice: one index vector, constant and in range, and every
+    operand dim an offset dim in order (jax's ``x[:, :4]`` transposed from a scatter's update)."""
+    operand, result, sizes = shape_of(op.operands[0]), shape_of(op.results[0]), _i64s(op, "slice_sizes")
+    if (len(operand) != len(result) or list(dn.offset_dims) != list(range(len(result))) or dn.collapsed_slice_dims
+            or dn.operand_batching_dims or len(shape_of(op.operands[1])) != 1 or dn.index_vector_dim != 0):
+        return False
+    idx = constant_ints(op.operands[1])
+    if idx is None:
+        return False
+    starts = [0] * len(operand)
+    for j, d in enumerate(dn.start_index_map):
+        starts[d] = int(idx[j])
+    return _in_range(starts, operand, sizes)
+
+
 def _gather(op, ins):
     dn = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    if _static_slice_gather(op, dn):
+        full, part = shape_of(op.operands[0]), shape_of(op.results[0])
+        return [(OpKind.ELEMENTWISE, ins[:1], [d for d in range(len(full)) if part[d] < full[d]])]
     attrs = [dn.index_vector_dim] + _counted(
         dn.offset_dims, dn.collapsed_slice_dims, dn.start_index_map, dn.operand_batching_dims,
         dn.start_indices_batching_dims, _i64s(op, "slice_sizes"))
