@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import pytest
 
@@ -97,3 +98,21 @@ def test_flags(name, field, default):
     assert getattr(load_config({name: "0"}), field) is False
     with pytest.raises(PluginConfigError, match=f"{name}='yes' must be 0 or 1"):
         load_config({name: "yes"})
+
+
+def test_a_profile_is_auto_or_a_json_that_exists_and_reaches_the_plans_options(tmp_path):
+    """ALPA_PASS_PROFILE: the plugin plans with a measured cluster profile (objective in seconds)
+    as AutoShardingOption(profile=...) does; a path that is no file is refused up front."""
+    from alpa_pass.plugin.planner import PluginPlanner
+
+    assert load_config({"ALPA_PASS_PROFILE": "Auto"}).profile == "auto"
+    assert load_config({}).profile is None
+    with pytest.raises(PluginConfigError, match="ALPA_PASS_PROFILE='/no/such.json' is no file.*alpa-pass profile"):
+        load_config({"ALPA_PASS_PROFILE": "/no/such.json"})
+    src = pathlib.Path(__file__).parents[2] / "benchmarks" / "report" / "profile_cpu-cpu-8dev-1x8.json"
+    path = tmp_path / "p.json"
+    path.write_text(src.read_text())
+    cfg = load_config({"ALPA_PASS_PROFILE": str(path), "ALPA_PASS_MESH": "2x4"})
+    assert cfg.profile == str(path)
+    option = PluginPlanner(cfg).method()[0].planning_option()
+    assert option.profile.key == "cpu-cpu-8dev-1x8" and option.profile.seconds_per_flop > 0

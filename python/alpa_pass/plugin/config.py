@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Mapping
 
 from alpa_pass import _sizes
@@ -41,6 +42,8 @@ class PluginConfig:
         runs its last iteration outside the loop; ``ALPA_PASS_PEEL_SCANS=0`` turns it off).
       strict: an unexpected error while planning (a bug of alpa_pass's or XLA's) is raised; by
         default it is logged with its traceback and the computation runs as plain ``jax.jit``.
+      profile: ``AutoShardingOption.profile``: a measured cluster profile's JSON path (``alpa-pass
+        profile --out PATH``), ``"auto"`` (this cluster's cached one), or ``None`` (unit costs).
     """
 
     method: str = "shard"
@@ -53,6 +56,7 @@ class PluginConfig:
     reduce_scatter: bool = False
     peel_scans: bool = True
     strict: bool = False
+    profile: str | None = None
 
 
 def plugin_enabled(environ: Mapping[str, str]) -> bool:
@@ -86,7 +90,21 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
         min_bytes=parse_bytes(min_bytes, "ALPA_PASS_MIN_BYTES") if min_bytes else DEFAULT_MIN_BYTES,
         reduce_scatter=parse_flag(environ, "ALPA_PASS_REDUCE_SCATTER", False),
         peel_scans=parse_flag(environ, "ALPA_PASS_PEEL_SCANS", True),
-        strict=parse_flag(environ, "ALPA_PASS_STRICT", False))
+        strict=parse_flag(environ, "ALPA_PASS_STRICT", False),
+        profile=parse_profile(_get(environ, "ALPA_PASS_PROFILE")))
+
+
+def parse_profile(text: str) -> str | None:
+    """``"auto"`` (any case) or a path to a profile JSON that exists (``~`` expanded); empty -> None."""
+    if not text:
+        return None
+    if text.lower() == "auto":
+        return "auto"
+    path = os.path.expanduser(text)
+    if not os.path.isfile(path):
+        raise PluginConfigError(f"ALPA_PASS_PROFILE={text!r} is no file; give a profile JSON (`alpa-pass profile "
+                                f"--out PATH` writes one), 'auto' for this cluster's cached profile, or unset it")
+    return path
 
 
 def parse_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:

@@ -121,7 +121,8 @@ class PluginPlanner:
             option = AutoShardingOption(memory_budget_per_device=self.config.memory_budget_bytes,
                                         plan_cache_dir=self.config.cache_dir,
                                         prefer_reduce_scatter=self.config.reduce_scatter,
-                                        peel_layer_scans=self.config.peel_scans)
+                                        peel_layer_scans=self.config.peel_scans,
+                                        profile=self.config.profile)
             shape, n = self.config.mesh_shape, len(jax.devices())
             if isinstance(shape, tuple) and math.prod(shape) != n:
                 raise PluginConfigError(
