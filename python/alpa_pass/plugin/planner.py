@@ -286,8 +286,9 @@ def _node_ties(graph, in_avals, out_avals) -> list[tuple[int, int]]:
     params, outs = graph.param_nodes(), graph.output_nodes()
     ins, res = sds(in_avals), sds(out_avals)
     flow = [(o, i) for o, i in _dataflow_ties(graph) if res[o] == ins[i]]
-    rest_in = [i for i in range(len(ins)) if i not in {i for _, i in flow}]
-    rest_out = [o for o in range(len(res)) if o not in {o for o, _ in flow}]
+    flow_in, flow_out = {i for _, i in flow}, {o for o, _ in flow}
+    rest_in = [i for i in range(len(ins)) if i not in flow_in]
+    rest_out = [o for o in range(len(res)) if o not in flow_out]
     rest = output_ties(tuple(ins[i] for i in rest_in), tuple(res[o] for o in rest_out))
     pairs = flow + [(rest_out[o], rest_in[i]) for o, i in rest]
     return [(outs[o], params[i]) for o, i in pairs]
