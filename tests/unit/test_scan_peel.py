@@ -68,3 +68,15 @@ def test_scans_that_are_not_layer_stacks_are_left_alone():
 
     assert peel_layer_scans(jax.make_jaxpr(over_tokens)(w, np.zeros((6, 3), np.int32))) is None
     assert peel_layer_scans(jax.make_jaxpr(lambda w, x: lax.fori_loop(0, 6, lambda i, h: h @ w, x))(w, x)) is None
+
+
+def test_the_peeled_program_keeps_the_argument_names_jax_writes_into_the_module():
+    """Traced again, the peeled program named its arguments ``invals[k]``: plan labels and
+    ALPA_PASS_REPORT showed that for hk.layer_stack and nnx.scan steps instead of
+    ``params['blocks']['w']`` (s42). It carries the user's program's names and result paths."""
+    ws, x = _args(5)
+    step = lambda params, x: jax.value_and_grad(_layers)(params["blocks"], x)  # noqa: E731
+    closed = jax.make_jaxpr(step)({"blocks": ws}, x)
+    peeled = peel_layer_scans(closed)
+    assert peeled.jaxpr.debug_info.arg_names == ("params['blocks']", "x") == closed.jaxpr.debug_info.arg_names
+    assert peeled.jaxpr.debug_info.result_paths == closed.jaxpr.debug_info.result_paths

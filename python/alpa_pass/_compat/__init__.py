@@ -404,6 +404,17 @@ def dce_closed_jaxpr(closed):
     return ClosedJaxpr(jaxpr, closed.consts)
 
 
+def with_debug_info(closed, like):
+    """``closed`` carrying ``like``'s debug info (the argument names and result paths jax writes
+    into the lowered module, which plan labels and reports show) when both have as many inputs
+    and outputs; else ``closed``. For a program rewritten from ``like`` by tracing it again."""
+    info = getattr(like.jaxpr, "debug_info", None)
+    if (info is None or len(closed.jaxpr.invars) != len(like.jaxpr.invars)
+            or len(closed.jaxpr.outvars) != len(like.jaxpr.outvars)):
+        return closed
+    return closed.replace(jaxpr=closed.jaxpr.replace(debug_info=info))
+
+
 def eqn_source(eqn):
     """A context in which equations bound again keep ``eqn``'s user source location and name
     stack (so a rewritten program's ops still point at the user's code in plan labels)."""

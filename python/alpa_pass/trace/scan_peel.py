@@ -91,7 +91,7 @@ def _may_hold_stack(eqn) -> bool:
 def peel_layer_scans(closed: ClosedJaxpr) -> ClosedJaxpr | None:
     """``closed`` with every layer-stack scan (:func:`is_layer_stack`) peeled, or None when it has
     none (nothing to rewrite). Calls holding one are inlined first."""
-    args = set(closed.jaxpr.invars)
+    original, args = closed, set(closed.jaxpr.invars)
     if any(_holds_stack(e, args) for e in closed.jaxpr.eqns):
         closed = inline_calls(closed, should=_may_hold_stack)
     jaxpr = closed.jaxpr
@@ -118,7 +118,8 @@ def peel_layer_scans(closed: ClosedJaxpr) -> ClosedJaxpr | None:
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in jaxpr.invars]
     # without dead code: the backward scan's last iteration computes the gradient of the loop's
     # initial carry, which nothing may need (layer 0's input gradient, the input being data)
-    return _compat.dce_closed_jaxpr(jax.make_jaxpr(run)(*avals))
+    # (named as the user's program: plan labels and reports show argument paths, not invals[k])
+    return _compat.with_debug_info(_compat.dce_closed_jaxpr(jax.make_jaxpr(run)(*avals)), original)
 
 
 def eval_closed(closed: ClosedJaxpr, *args) -> list:
