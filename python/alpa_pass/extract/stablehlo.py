@@ -111,7 +111,6 @@ def source_label(op_name: str, location: ir.Location) -> str:
 # Trip count assumed for a while loop whose count is not a static ``i < N`` from a constant start
 # (a data-dependent loop): its body's costs count this many times.
 UNKNOWN_TRIP_COUNT = 8
-_DENSE_INT = re.compile(r"dense<(-?\d+)>")
 
 
 def static_trip_count(op) -> int | None:
@@ -132,11 +131,8 @@ def static_trip_count(op) -> int | None:
 
 
 def _int_constant(value) -> int | None:
-    owner = value.owner
-    if not hasattr(owner, "name") or owner.name != "stablehlo.constant":
-        return None
-    m = _DENSE_INT.search(str(owner.attributes["value"]))
-    return int(m.group(1)) if m else None
+    ints = op_table.constant_ints(value)
+    return int(ints.reshape(-1)[0]) if ints is not None and ints.size == 1 else None
 
 
 # jax.debug.print / debug.callback / pure_callback / io_callback targets (cpu and gpu, ffi or not)
