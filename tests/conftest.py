@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -7,6 +10,11 @@ if ROOT not in sys.path:
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Plans use this cluster's cached cost profile by default (AutoShardingOption(profile="auto")): the
+# suite looks in an empty directory of its own, so that a profile cached on the machine (by
+# `alpa-pass profile`) never changes what the tests plan. Tests of the lookup set their own.
+os.environ["ALPA_PASS_PROFILE_DIR"] = tempfile.mkdtemp(prefix="alpa_pass_test_profiles_")
+atexit.register(shutil.rmtree, os.environ["ALPA_PASS_PROFILE_DIR"], ignore_errors=True)
 
 import jax  # noqa: E402
 

@@ -3,6 +3,8 @@ compiled HLO text (the parser is ``alpa_pass.tools.fidelity.list_collectives``; 
 once, at their ``-start``), plan specs by pytree path, and hand-built core graphs and meshes."""
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
@@ -107,3 +109,12 @@ def built_graph(builder):
     g = builder.build()
     return _core.Graph(g.kind, g.dtype_bytes, g.shape_offsets, g.shape_dims, g.operand_offsets,
                        g.operand_ids, g.attr_offsets, g.attrs)
+
+
+def child_env(strip: tuple[str, ...], **extra) -> dict:
+    """``os.environ`` for a child process, without the variables that start with one of ``strip``
+    (settings it must not inherit) but with ALPA_PASS_PROFILE_DIR (tests/conftest.py: no profile
+    cached on the machine changes what a test plans), and with ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k == "ALPA_PASS_PROFILE_DIR" or not k.startswith(strip)}
+    env.update(extra)
+    return env

@@ -285,17 +285,22 @@ def normalize(value):
 
 
 def resolve(value) -> ClusterProfile | None:
-    """The profile to plan with: ``value`` itself, or for "auto" the cached profile of the
-    current cluster (:func:`cache_path`), None when there is none (warned: plans use the default
-    unit costs)."""
+    """The profile to plan with: ``value`` itself, or for "auto" (the default) the cached profile of
+    the current cluster (:func:`cache_path`), None when there is none (plans use the default unit
+    costs; said once per path at INFO level)."""
     if value != "auto":
         return value
-    import logging
-
     path = cache_path(cluster_key(**current_cluster()))
     if not os.path.exists(path):
-        logging.getLogger("alpa_pass").warning(
-            "alpa_pass: profile='auto' but no profile of this cluster at %s; planning with unit costs "
-            "(run `alpa-pass profile` once to make it)", path)
+        if path not in _UNCACHED:
+            _UNCACHED.add(path)
+            import logging
+
+            logging.getLogger("alpa_pass").info(
+                "alpa_pass: no cached profile of this cluster at %s; planning with unit costs "
+                "(`alpa-pass profile` measures one, and plans then cost seconds)", path)
         return None
     return load(path)
+
+
+_UNCACHED: set[str] = set()  # cache paths already reported missing

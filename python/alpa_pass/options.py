@@ -109,16 +109,18 @@ class AutoShardingOption:
         (``driver.budget.resolve_budget``; ``plan.memory_budget`` says which budget was used);
         ``None``: no budget unless one is given. CPU devices get no budget unless one is given.
       profile: a measured cluster profile to plan with (``alpa-pass profile`` writes one): a path
-        to its JSON (read when the option is made), its dict, or ``"auto"`` = the cached profile of
-        the cluster planned on (``~/.cache/alpa_pass/profiles/<cluster key>.json``, read when a
-        plan is requested; none there: a warning and unit costs). With a profile each mesh axis
+        to its JSON (read when the option is made), its dict, or ``"auto"`` (the default) = the
+        cached profile of the cluster planned on (``~/.cache/alpa_pass/profiles/<cluster key>.json``,
+        what ``alpa-pass profile`` writes by default; read when a plan is requested; in a job of
+        several processes, process 0's; none there: unit costs). With a profile each mesh axis
         costs the measured alpha/beta (the LogicalMesh's alpha/beta are not used),
         ``compute_cost_per_flop`` is the measured seconds per float32 FLOP (bfloat16/float16 dots
         and convolutions: per bfloat16 FLOP), each dot or convolution costs at least its bytes
         moved over the measured memory bandwidth (a roofline:
         ``_core.CoreOptions.compute_cost_per_byte``), ``memory_cost_per_byte`` is
         scaled by the profile's median beta, and the objective is in seconds. The profile's
-        content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given.
+        content is part of the plan's fingerprint. ``None``: unit alpha/beta, as given, even where
+        a profile is cached.
       peel_layer_scans: lower the function with the last iteration of each scanned layer stack's
         backward loop (layer 0's backward) run outside the loop (``trace/scan_peel.py``): a
         loop-carried value has one layout, so without this the loop hands the activation gradient
@@ -177,7 +179,7 @@ class AutoShardingOption:
     refine_unmerged: bool | str = "auto"
     refine_node_limit: int = 1000
     device_memory_fraction: float | None = dataclasses.field(default=0.9, metadata=_SHOWN_ONLY)
-    profile: "str | dict | cost_profile.ClusterProfile | None" = None
+    profile: "str | dict | cost_profile.ClusterProfile | None" = "auto"
     peel_layer_scans: bool = True
     # Alpa's names (see the docstring)
     allow_all_gather: bool = True
@@ -317,6 +319,8 @@ class AutoShardingOption:
         records them; the plan cache keys on them)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                   if f.metadata.get("planning", True)}
+        if fields["profile"] == "auto":  # the profile it stands for now (requests resolve it once)
+            fields["profile"] = cost_profile.resolve("auto")
         if isinstance(fields["profile"], cost_profile.ClusterProfile):  # its key and content digest
             fields["profile"] = str(fields["profile"])
         return fields

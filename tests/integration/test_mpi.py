@@ -55,10 +55,8 @@ def needs_mpi(test):
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS", "OMPI_", "PMIX_", "PRTE_"))}
-    env.update({"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **extra})
-    return env
+    return helpers.child_env(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS", "OMPI_", "PMIX_", "PRTE_"),
+                             **{"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **extra})
 
 
 def _launch(script: str, *args, devices: int = 2, flags=(), timeout: float = 120, **env):
@@ -231,6 +229,20 @@ def test_profile_across_two_processes_writes_the_clusters_profile(tmp_path):
     profile = cost_profile.load(out)
     assert profile.mesh_costs((2, 2)) == ((data["axes"][2]["alpha"], data["axes"][0]["alpha"]),
                                           (data["axes"][2]["beta"], data["axes"][0]["beta"]))
+
+
+@needs_mpi
+def test_the_default_plans_of_a_job_use_rank_0s_cached_profile(tmp_path):
+    """profile="auto" (the default) under mpirun: rank 0's cached profile, broadcast, is what both
+    ranks plan with (rank 1's host has none), so their plans agree and cost seconds."""
+    proc = _launch("mpi_profile.py", str(tmp_path), devices=2, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1] and proc.stdout.count("RAN") == 2
+    assert rows[0]["profile"] == rows[1]["profile"] and rows[0]["profile"].startswith("profile cpu-cpu-4dev-2x2 ")
+    assert rows[0]["objective"] == rows[1]["objective"] < 1.0  # seconds, not unit-cost bytes
+    assert not (tmp_path / "rank1").exists()
 
 
 @needs_mpi

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -11,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 HEAVY = ["alpa_pass._core", "alpa_pass.emit.constraints", "alpa_pass.extract.stablehlo",
@@ -18,9 +19,8 @@ HEAVY = ["alpa_pass._core", "alpa_pass.emit.constraints", "alpa_pass.extract.sta
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS"))}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", **extra)
-    return env
+    return helpers.child_env(("ALPA_PASS_", "JAX_PLUGINS"), XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                             JAX_PLATFORMS="cpu", **extra)
 
 
 # A run's time limit only catches a hang: a zoo script takes ~30-60 s on 2 idle cores, and more

@@ -4,12 +4,13 @@ packages unimportable, every module imports, every script answers ``--help``, an
 ``bench_pipeline.py --skip-gpt`` runs and creates the output folder it writes to. One child
 process for all of it (jax is imported once)."""
 import json
-import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import tomllib
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # What `pip install -e '.[test]'` adds over `.[bench]`: a benchmark must not need any of it.
@@ -61,7 +62,7 @@ def test_every_benchmark_script_runs_from_a_fresh_clone(tmp_path):
                     ignore=shutil.ignore_patterns("results", "__pycache__", "*.png", "data"))
     shutil.copytree(ROOT / "zoo", clone / "zoo", ignore=shutil.ignore_patterns("__pycache__"))
     out_dir = tmp_path / "fresh" / "results"  # does not exist yet
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS", "PYTHONPATH"))}
+    env = helpers.child_env(("ALPA_PASS_", "JAX_PLUGINS", "PYTHONPATH"))
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(clone), ",".join(TEST_ONLY), str(out_dir)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,8 +84,8 @@ def test_the_gpu_check_runs_its_cpu_path_and_says_what_each_step_did(tmp_path):
     # scripts/gpu_check.sh is run on a lent GPU machine at most once a session: its CPU path is
     # checked here (no install, no zoo table), so a broken step shows before device time is spent
     out = tmp_path / "gc"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS"))}
-    env.update(ALPA_PASS_GPU_CHECK_NO_INSTALL="1", GPU_CHECK_ZOO="0", JAX_PLATFORMS="cpu", PYTHON=sys.executable)
+    env = helpers.child_env(("ALPA_PASS_", "JAX_PLUGINS", "XLA_FLAGS"), ALPA_PASS_GPU_CHECK_NO_INSTALL="1",
+                            GPU_CHECK_ZOO="0", JAX_PLATFORMS="cpu", PYTHON=sys.executable)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -106,7 +106,9 @@ def test_a_profile_is_auto_or_a_json_that_exists_and_reaches_the_plans_options(t
     from alpa_pass.plugin.planner import PluginPlanner
 
     assert load_config({"ALPA_PASS_PROFILE": "Auto"}).profile == "auto"
-    assert load_config({}).profile is None
+    assert load_config({}).profile == load_config({"ALPA_PASS_PROFILE": ""}).profile == "auto"  # the default
+    for text in ("none", "UNIT", "off", "0"):
+        assert load_config({"ALPA_PASS_PROFILE": text}).profile is None
     with pytest.raises(PluginConfigError, match="ALPA_PASS_PROFILE='/no/such.json' is no file.*alpa-pass profile"):
         load_config({"ALPA_PASS_PROFILE": "/no/such.json"})
     src = pathlib.Path(__file__).parents[2] / "benchmarks" / "report" / "profile_cpu-cpu-8dev-1x8.json"

@@ -12,7 +12,7 @@ import pytest
 import alpa_pass as ap
 from alpa_pass import _core, cost_profile
 from alpa_pass.driver.request import fingerprint
-from alpa_pass.errors import OptionError
+from alpa_pass.errors import OptionError, PlanMismatchError
 from alpa_pass.tools import profile as profile_tool
 from zoo import mlp
 from zoo.pipeline import make_heavy_layer_loss
@@ -214,16 +214,61 @@ def test_the_fingerprint_and_cache_key_follow_the_profile(mlp_step, tmp_path, mo
     assert len(list((tmp_path / "plans").glob("*.json"))) == 3  # one cache entry each
     assert _plan(mlp_step, a, plan_cache_dir=str(tmp_path / "plans")).origin == "cache"
     assert fingerprint("m", [], 1) != fingerprint("m", [], 1, profile=cost_profile.ClusterProfile.from_dict(a))
-    # profile="auto": the cached profile of this cluster, found by its key; none there: unit costs
+    # profile="auto", the default: the cached profile of this cluster, found by its key; none
+    # there: unit costs (said once, at INFO); profile=None: unit costs whatever is cached
     monkeypatch.setenv("ALPA_PASS_PROFILE_DIR", str(tmp_path / "profiles"))
-    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+    assert ap.AutoShardingOption().profile == "auto"
+    with caplog.at_level(logging.INFO, logger="alpa_pass"):
         assert _plan(mlp_step, "auto").fingerprint == prints["none"]
-    assert "no profile of this cluster" in caplog.text
+    assert "no cached profile of this cluster" in caplog.text
     path = cost_profile.cache_path(cost_profile.cluster_key(**cost_profile.current_cluster()))
     assert path == str(tmp_path / "profiles" / "cpu-cpu-8dev-1x8.json")
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "cpu-cpu-8dev-1x8.json").write_text(cost_profile.ClusterProfile.from_dict(b).to_json())
-    assert _plan(mlp_step, "auto").fingerprint == prints["b"]
+    default = _plan(mlp_step, "auto")
+    assert default.fingerprint == prints["b"] and default.objective == pytest.approx(plans["b"].objective)
+    assert default.made_with["options"]["profile"] == plans["b"].made_with["options"]["profile"]
+    assert _plan(mlp_step, None).fingerprint == prints["none"]
+    # a plan saved under unit costs still applies once a profile is cached (one made with another
+    # profile does not: its fingerprint names that profile)
+    step, params, batch = mlp_step
+    for saved, origin in ((plans["none"], "saved"), (plans["b"], "saved")):
+        applied = ap.parallelize(step, method=ap.ShardParallel(plan=saved)).plan(params, batch)
+        assert (applied.origin, applied.input_specs) == (origin, saved.input_specs)
+    with pytest.raises(PlanMismatchError):
+        ap.parallelize(step, method=ap.ShardParallel(plan=plans["a"])).plan(params, batch)
+
+
+def test_the_processes_of_a_job_plan_with_process_0s_profile(monkeypatch):
+    """profile="auto" in a multi-process job: every process gets process 0's cached profile (its
+    JSON broadcast), whatever its own host holds, and none where process 0 has none, so that their
+    plans cannot diverge over a cache one host lacks."""
+    from alpa_pass.driver import request
+
+    p0 = cost_profile.ClusterProfile.from_dict(synthetic({1: 1e-8, 2: 1e-8, 4: 1e-8}))
+    mine = cost_profile.ClusterProfile.from_dict(synthetic({1: 1e-8, 2: 1e-8, 4: 2e-8}))
+    sent = []
+
+    def from_rank0(rank0: bytes):
+        def broadcast(data):
+            sent.append(data)
+            return rank0
+        return broadcast
+
+    monkeypatch.setattr(request.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(request.jax, "process_index", lambda: 1)
+    monkeypatch.setattr(request, "broadcast_bytes", from_rank0(p0.to_json().encode()))
+    for local in (mine, None):
+        got = request.agreed_profile(local)
+        assert got is not None and got.digest == p0.digest
+    monkeypatch.setattr(request, "broadcast_bytes", from_rank0(b""))  # process 0 holds none
+    assert request.agreed_profile(mine) is None
+    assert sent == [b"", b"", b""]  # a process other than 0 sends nothing
+    monkeypatch.setattr(request.jax, "process_index", lambda: 0)
+    monkeypatch.setattr(request, "broadcast_bytes", lambda data: sent.append(data) or data)
+    assert request.agreed_profile(mine).digest == mine.digest and sent[-1] == mine.to_json().encode()
+    monkeypatch.setattr(request.jax, "process_count", lambda: 1)
+    assert request.agreed_profile(mine) is mine and len(sent) == 4  # one process: no collective
 
 
 def test_cli_has_a_profile_command(capsys):
@@ -292,3 +337,52 @@ def test_auto_stage_latencies_under_a_profile_are_seconds():
     assert max(costs[1]) == pytest.approx(dots, rel=0.05)
     assert max(costs[8]) == pytest.approx(max(costs[1]) / 8, rel=0.05)  # data parallel, links nearly free
     assert len(auto) == 1 and auto[0].mesh.num_devices == 8  # so one 8-device stage beats any pipeline
+
+
+def _moe_step(S: int = 256, D: int = 32, E: int = 8, K: int = 2, F: int = 64):
+    """A GShard-style top-2 mixture of experts with capacity C: one-hot (S, K, E, C) dispatch and
+    combine tensors built through a cumsum over the tokens (which no device can split)."""
+    C = int(1.25 * S * K / E)
+
+    def moe(params, x):
+        gate, idx = jax.lax.top_k(jax.nn.softmax(x @ params["router"], -1), K)
+        mask = jax.nn.one_hot(idx, E)
+        pos = jax.numpy.cumsum(mask.reshape(S * K, E), axis=0).reshape(S, K, E) * mask - 1
+        keep = (pos < C) & (mask > 0)
+        disp = jax.nn.one_hot(jax.numpy.where(keep, pos, -1).astype(np.int32), C) * keep[..., None]
+        dispatch, combine = disp.sum(1), (disp * gate[..., None, None]).sum(1)
+        h = jax.nn.gelu(jax.numpy.einsum("ecd,edf->ecf", jax.numpy.einsum("sec,sd->ecd", dispatch, x), params["w1"]))
+        return jax.numpy.einsum("sec,ecd->sd", combine, jax.numpy.einsum("ecf,efd->ecd", h, params["w2"]))
+
+    def step(params, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jax.numpy.mean((moe(p, x) - y) ** 2))(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+    k = jax.random.split(jax.random.key(0), 5)
+    params = {"router": jax.random.normal(k[0], (D, E)), "w1": jax.random.normal(k[1], (E, D, F)) / 6,
+              "w2": jax.random.normal(k[2], (E, F, D)) / 8}
+    return step, (params, jax.random.normal(k[3], (S, D)), jax.random.normal(k[4], (S, D))), (S, K, E, C)
+
+
+def test_a_cached_profile_is_what_default_plans_use_and_it_splits_the_experts_dispatch(tmp_path, monkeypatch):
+    """With this machine's profile cached (the committed CPU one), AutoShardingOption() plans in
+    seconds: the (tokens, k, experts, capacity) one-hot dispatch chain, which unit costs (compute
+    a tie-breaker) leave whole on every device, is split over the experts as the expert weights
+    are, and the step still computes what jax.jit does."""
+    monkeypatch.setenv("ALPA_PASS_PROFILE_DIR", str(tmp_path))
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "report", "profile_cpu-cpu-8dev-1x8.json")
+    (tmp_path / "cpu-cpu-8dev-1x8.json").write_text(open(src).read())
+    step, args, (S, K, E, C) = _moe_step()
+    fn = ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8))))
+    plan = fn.plan(*args)
+    assert plan.made_with["options"]["profile"].startswith("profile cpu-cpu-8dev-1x8 sha256:")
+    assert plan.objective < 1.0  # seconds
+    chain = [c for c in plan.choices if c.shape in ((S, K, E, C), (S, E, C))]
+    assert len(chain) >= 6
+    assert all(tuple(c.spec)[c.shape.index(E)] == "y" for c in chain), [(c.label, c.spec) for c in chain]
+    experts = jax.sharding.PartitionSpec("y", None, None)
+    assert plan.input_specs[1:3] == [experts, experts]  # w1, w2 (after "router"): expert parallel
+    (new, loss), (ref_new, ref_loss) = fn(*args), jax.jit(step)(*args)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(ref_new)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 
 import jax
 
@@ -17,6 +18,7 @@ from alpa_pass.extract.graph import OpGraph
 from alpa_pass.mesh import LogicalMesh
 from alpa_pass.options import AutoShardingOption
 from alpa_pass.plan.plan import Plan
+from alpa_pass.runtime.multiprocess import broadcast_bytes
 from alpa_pass.trace.lower import canonical_text, is_prng_key, leaf_aval, output_ties
 
 
@@ -66,8 +68,9 @@ class PlanRequest:
         """A request whose fingerprint covers the module, the argument avals, the donated
         arguments (``graph.donated_args``), the pins, pinned uses and the cost profile
         (``option.profile``; "auto" is resolved here, once, to the current cluster's cached
-        profile or None). Typed PRNG key leaves among ``arg_avals`` / ``out_avals`` (flat) are
-        pinned replicated."""
+        profile (process 0's in a job of several: :func:`agreed_profile`) or None; with a ``saved``
+        plan made under unit costs, None). Typed PRNG key leaves among ``arg_avals`` /
+        ``out_avals`` (flat) are pinned replicated."""
         key_inputs = tuple(i for i, a in enumerate(arg_avals) if is_prng_key(a))
         key_outputs = tuple(i for i, a in enumerate(out_avals) if is_prng_key(a))
         key_nodes = [graph.param_nodes()[i] for i in key_inputs] + [graph.output_nodes()[i] for i in key_outputs]
@@ -76,13 +79,34 @@ class PlanRequest:
         ties, pins = (*ties, *graph.ties), tuple(sorted(pinned.items()))
         pinned_uses = tuple(sorted(int(v) for v in pinned_uses))
         axis_order = tuple(axis_order)
+
+        def digest_with(profile):
+            return fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins, pinned_uses,
+                               axis_order, profile)
+
         if option.profile == "auto":
-            option = dataclasses.replace(option, profile=cost_profile.resolve("auto"))
-        digest = fingerprint(module_text, arg_avals, graph.num_nodes, graph.donated_args, pins, pinned_uses,
-                             axis_order, option.profile)
+            profile = agreed_profile(cost_profile.resolve("auto"))
+            if saved is not None and profile is not None and saved.fingerprint != digest_with(profile) \
+                    and saved.fingerprint == digest_with(None):
+                profile = None  # a plan saved under unit costs applies after `alpa-pass profile` too
+            option = dataclasses.replace(option, profile=profile)
+        digest = digest_with(option.profile)
         return cls(graph=graph, meshes=meshes, option=option, ties=ties, pins=pins, fingerprint=digest,
                    name=name, saved=saved, timings=dict(timings or {}), key_inputs=key_inputs,
                    key_outputs=key_outputs, pinned_uses=pinned_uses, axis_order=axis_order)
+
+
+def agreed_profile(profile: cost_profile.ClusterProfile | None) -> cost_profile.ClusterProfile | None:
+    """For ``profile="auto"``: ``profile`` (this process's cached profile of the cluster) in a
+    single process; in a job of several, process 0's on every process (broadcast: ``alpa-pass
+    profile`` writes it on process 0's host only, and a host without it, or with another, would
+    otherwise plan differently and the plans diverge). A collective over all processes."""
+    if jax.process_count() == 1:
+        return profile
+    mine = profile.to_json().encode() if profile is not None and jax.process_index() == 0 else b""
+    text = broadcast_bytes(mine)
+    return cost_profile.ClusterProfile.from_dict(json.loads(text), where="process 0's cached profile") \
+        if text else None
 
 
 def fingerprint(module_text: str, arg_avals, num_nodes: int, donated=(), pins=(), pinned_uses=(),

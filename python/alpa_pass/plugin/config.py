@@ -43,7 +43,8 @@ class PluginConfig:
       strict: an unexpected error while planning (a bug of alpa_pass's or XLA's) is raised; by
         default it is logged with its traceback and the computation runs as plain ``jax.jit``.
       profile: ``AutoShardingOption.profile``: a measured cluster profile's JSON path (``alpa-pass
-        profile --out PATH``), ``"auto"`` (this cluster's cached one), or ``None`` (unit costs).
+        profile --out PATH``), ``"auto"`` (the default: this cluster's cached one if there is one),
+        or ``None`` (unit costs; ``ALPA_PASS_PROFILE=none``).
     """
 
     method: str = "shard"
@@ -56,7 +57,7 @@ class PluginConfig:
     reduce_scatter: bool = False
     peel_scans: bool = True
     strict: bool = False
-    profile: str | None = None
+    profile: str | None = "auto"
 
 
 def plugin_enabled(environ: Mapping[str, str]) -> bool:
@@ -95,15 +96,17 @@ def load_config(environ: Mapping[str, str]) -> PluginConfig:
 
 
 def parse_profile(text: str) -> str | None:
-    """``"auto"`` (any case) or a path to a profile JSON that exists (``~`` expanded); empty -> None."""
-    if not text:
-        return None
-    if text.lower() == "auto":
+    """``"auto"`` (any case; also unset or empty) or a path to a profile JSON that exists (``~``
+    expanded); ``none`` / ``unit`` / ``off`` / ``0`` -> None (unit costs)."""
+    if not text or text.lower() == "auto":
         return "auto"
+    if text.lower() in ("none", "unit", "off", "0"):
+        return None
     path = os.path.expanduser(text)
     if not os.path.isfile(path):
         raise PluginConfigError(f"ALPA_PASS_PROFILE={text!r} is no file; give a profile JSON (`alpa-pass profile "
-                                f"--out PATH` writes one), 'auto' for this cluster's cached profile, or unset it")
+                                f"--out PATH` writes one), 'auto' for this cluster's cached profile (the "
+                                f"default) or 'none' for unit costs")
     return path
 
 

@@ -71,6 +71,18 @@ def gather_digests(digest: str) -> list[str]:
     return [row.astype(np.uint32).tobytes().hex() for row in gathered]
 
 
+def broadcast_bytes(data: bytes) -> bytes:
+    """Process 0's ``data`` on every process (the others' ``data`` is not read). A collective
+    over all processes: its length, then its bytes."""
+    from jax.experimental import multihost_utils
+
+    n = int(np.asarray(multihost_utils.broadcast_one_to_all(np.array([len(data)], np.int32)))[0])
+    if n == 0:
+        return b""
+    buf = np.frombuffer(data, np.uint8) if jax.process_index() == 0 else np.zeros(n, np.uint8)
+    return np.asarray(multihost_utils.broadcast_one_to_all(buf)).astype(np.uint8).tobytes()
+
+
 def check_same_plan(plan, what: str = "plan") -> None:
     """With more than one process: raise PlanDivergedError (on every rank) unless all processes
     made this same plan. One allgather of 16 bytes; a no-op in a single process."""

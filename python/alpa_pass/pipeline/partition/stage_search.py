@@ -15,7 +15,7 @@ import itertools
 import jax
 import numpy as np
 
-from alpa_pass import _core, cost_profile
+from alpa_pass import _core
 from alpa_pass.driver.jit import make_plan
 from alpa_pass.pipeline.partition import stages as stage_mod
 from alpa_pass.errors import InfeasibleError, MeshError
@@ -85,7 +85,7 @@ def stage_cost(traced, program, mesh, method) -> float:
     cts = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in program.float_outputs]
     plan, _, _ = make_plan(train, tuple(ins + cts), mesh, method.option)
     comm = plan.predicted["communication"] + plan.predicted["resharding"]
-    if cost_profile.resolve(method.option.profile) is not None:  # measured: compute is in seconds already
+    if plan.made_with["options"]["profile"] is not None:  # measured: compute is in seconds already
         return plan.predicted["compute"] + comm
     flops = plan.predicted["compute"] / max(method.option.compute_cost_per_flop, 1e-30)
     return method.stage_option.compute_cost_per_flop * flops + comm
