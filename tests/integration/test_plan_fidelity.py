@@ -161,6 +161,39 @@ def test_elementwise_reads_that_move_an_axis_compile_without_rematerialization()
     assert plan.emit_report.inserted > 0
 
 
+def test_a_debug_callback_reads_its_value_gathered_not_rematerialized():
+    """``jax.debug.callback`` of a per-example value (batch split) has no result: extraction gives
+    it a node of its reads (``OpLocator.result == NO_RESULT``) and emission constrains its operand
+    replicated at the use: one planned all-gather, where XLA did a full rematerialization onto
+    the callback's device. The plan pays for it (the objective grows by the gather) and the
+    callback sees every example."""
+    import numpy as np
+
+    seen = []
+
+    def step(w, x):
+        per, grad = jax.vmap(jax.value_and_grad(lambda w, x: jnp.tanh(x @ w).sum()), (None, 0))(w, x)
+        jax.debug.callback(lambda p: seen.append(np.asarray(p)), per)
+        return w - 0.1 * grad.mean(0), per.mean()
+
+    w, x = jnp.ones((64, 16)) / 8, jax.random.normal(jax.random.key(0), (4096, 64))
+    with capture_stderr() as log:
+        plan, compiled = plan_and_compile(step, (w, x), ap.LogicalMesh(shape=(1, 8)), ap.AutoShardingOption())
+    assert remat_warnings(log[0]) == []
+    assert plan.input_specs[1] == jax.sharding.PartitionSpec("y", None)  # data parallel
+    reads = [c for c in plan.choices if c.kind == "OPAQUE" and c.shape == ()]
+    assert len(reads) == 1 and reads[0].spec == jax.sharding.PartitionSpec()
+    assert plan.predicted["resharding"] == pytest.approx(4096 * 4 * 7 / 8, rel=1e-3)  # that gather, planned
+    gathers = [c for c in list_collectives(compiled.as_text()) if c.kind == "all-gather"]
+    assert [g.bytes for g in gathers] == [4096 * 4]
+    ref = jax.jit(step)(w, x)
+    out = compiled(w, x)
+    jax.effects_barrier()
+    assert len(seen) == 2 and seen[0].shape == seen[1].shape == (4096,)
+    np.testing.assert_allclose(seen[1], seen[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out[0]), np.asarray(ref[0]), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_a_scanned_moe_stack_compiles_without_rematerialization():
     """A flax MoE layer stack (``nn.scan``; router, ``top_k`` gate, dense expert einsums, a z-loss

@@ -385,6 +385,21 @@ def test_a_step_with_debug_prints_is_planned_and_prints_once_per_step():
     assert any("'y'" in p["spec"] for p in out["params"]), out["params"]
 
 
+def test_an_error_check_that_fires_in_a_planned_step_raises_as_in_plain_jax():
+    """``eqx.error_if`` in a planned step: its callback (in a ``cond`` branch) raises. jax put it
+    on device 0 and the other devices waited for its result in a collective: XLA's CPU runtime
+    aborted the process after 40 s (NCCL would wait for ever). Run on every device
+    (``emit.callbacks``), it raises on each: the step raises EquinoxRuntimeError as plain jax's
+    does, and training goes on with the same losses."""
+    plain, _, _ = _run("train_error_if.py")
+    out, run, stderr = _run("train_error_if.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert "planned step on mesh 1x8" in stderr and run["plugin"]["failed"] == 0
+    assert plain["error"] == out["error"] == ["EquinoxRuntimeError", True]
+    assert (plain["devices"], out["devices"]) == (1, 8)
+    for a, b in zip(out["losses"], plain["losses"], strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
 def test_a_recurrent_model_is_planned_and_compiled_once():
     """tests/scripts/train_flax_rnn.py (``nn.RNN`` over an LSTM cell, a bidirectional GRU: scans
     over time). Its step's second call, with the state committed to our mesh, is traced again

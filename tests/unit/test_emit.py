@@ -233,3 +233,27 @@ def test_a_carry_reads_its_init_through_the_whiles_operand(mesh):
     pinned = re.search(r'(%\d+) = sdy.sharding_constraint %\d+ <@mesh, \[\{"x"\}, \{\}\]>', text).group(1)
     assert re.search(rf"stablehlo.while\(%\w+ = %\w+, %\w+ = {pinned}\)", text), text
     np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_loop)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_only_pure_callbacks_on_a_branch_run_on_every_device():
+    """``emit.callbacks``: a pure callback inside a ``cond`` branch (an error check) gets a
+    replicated sharding on the plan's mesh; the same callback outside a branch, and a
+    ``jax.debug.callback`` (a side effect) inside one, keep jax's device 0."""
+    from alpa_pass.emit.callbacks import replicate_branch_callbacks
+
+    def check(v):
+        return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+    def f(x):
+        y = jax.lax.cond(jnp.isnan(x).any(), check, lambda v: v, x)
+        jax.lax.cond(x.sum() > 0, lambda v: jax.debug.callback(print, v), lambda v: None, x)
+        return check(y).sum()
+
+    module = jax.jit(f).lower(jnp.ones((4, 8))).compiler_ir("stablehlo")
+    assert replicate_branch_callbacks(module, "mesh") == 1
+    shardings = [m for line in str(module).splitlines() if "python_cpu_callback" in line
+                 for m in re.findall(r"sdy.sharding = (#sdy.sharding_per_value<\[<@\w+, \[[^\]]*\]>\]>)", line)]
+    replicated = "#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"
+    assert len(shardings) == 3 and shardings.count(replicated) == 1, shardings
+    assert all(re.fullmatch(r"#sdy.sharding_per_value<\[<@(maximal_mesh|single_device)_0, \[\]>\]>", s)
+               for s in shardings if s != replicated), shardings  # (jax's one device, as jax named it)

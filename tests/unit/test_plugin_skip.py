@@ -64,6 +64,23 @@ def test_host_callbacks_run_untouched_on_simulated_cpu_devices(w):
     assert _reason(lambda w, x: jnp.tanh(x @ w).mean(), w, w) is None
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_only_ordered_io_callbacks_are_side_effects_that_keep_a_step_untouched(w, ordered):
+    # (an unordered io_callback runs once per step on a sharded jit too, as jax.debug.callback
+    # does; an ordered one runs on one device only. On simulated CPU devices the host-callback rule
+    # keeps both untouched, for another reason.)
+    from jax.experimental import io_callback
+
+    def step(w, x):
+        h = jnp.tanh(x @ w)
+        return h.mean() + io_callback(lambda a: a, jax.ShapeDtypeStruct((), h.dtype), h.sum(), ordered=ordered)
+
+    assert [type(e).__name__ for e in _compat.unplannable_effects(jax.make_jaxpr(step)(w, w))] == \
+        (["OrderedIOEffect"] if ordered else [])
+    assert _reason(step, w, w) == ("side effects (OrderedIOEffect)" if ordered else
+                                   "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)")
+
+
 def test_a_host_callback_in_a_cond_branch_is_planned(w):
     # (Equinox's error_if, in every diffrax solve: the callback raises only when the predicate
     # holds, so the step runs no callback and cannot hang)

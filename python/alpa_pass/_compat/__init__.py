@@ -431,14 +431,14 @@ def traced_jaxpr(traced):
 
 
 def unplannable_effects(closed_jaxpr) -> list:
-    """The effects of ``closed_jaxpr`` other than unordered debug ones.
+    """The effects of ``closed_jaxpr`` other than unordered callbacks.
 
-    ``jax.debug.print`` / ``jax.debug.callback`` (unordered) run their callback once per step on a
-    sharded ``jit`` too (jax lowers it with a maximal sharding on one device); every other effect
-    (ordered callbacks, ``io_callback``, state) keeps the step as the user wrote it."""
-    from jax._src import debugging
+    ``jax.debug.print`` / ``jax.debug.callback`` and ``io_callback(ordered=False)`` run their
+    callback once per step on a sharded ``jit`` too (jax lowers it with a maximal sharding on one
+    device); every other effect (ordered callbacks, state) keeps the step as the user wrote it."""
+    from jax._src import callback, debugging
 
-    return [e for e in closed_jaxpr.effects if type(e) is not debugging.DebugEffect]
+    return [e for e in closed_jaxpr.effects if type(e) not in (debugging.DebugEffect, callback.IOEffect)]
 
 
 def defined_in_jax(closed_jaxpr) -> bool:

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from alpa_pass.errors import EmitError, ShardingError
-from alpa_pass.extract.graph import CARRY_INDEX, OpGraph, OpKind
+from alpa_pass.extract.graph import CARRY_INDEX, NO_RESULT, OpGraph, OpKind
 from alpa_pass.extract.stablehlo import functions
 
 DimSharding = tuple  # mesh axis names of one tensor dim; () = replicated
@@ -33,13 +33,15 @@ class EmitReport:
     requested nodes left unconstrained (reasons are the ``SKIP_*`` constants);
     ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``);
     ``accumulators``: loop-carried gradient sums kept per shard and reduced once after their loop
-    (``emit.accumulation``); ``manual_ops``: batch-split FFTs run per shard (``emit.manual_ops``)."""
+    (``emit.accumulation``); ``manual_ops``: batch-split FFTs run per shard (``emit.manual_ops``);
+    ``branch_callbacks``: pure host callbacks on a branch run on every device (``emit.callbacks``)."""
 
     inserted: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
     reduce_scattered: int = 0
     accumulators: int = 0
     manual_ops: int = 0
+    branch_callbacks: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -197,6 +199,8 @@ def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
             report.skip(SKIP_GENERATOR)
         elif kind in (OpKind.PARAMETER, OpKind.OUTPUT) or graph.locators[v].op_index < 0:
             report.skip(SKIP_PARAM_OUTPUT)  # entry arguments/results, a while's carried values
+        elif graph.locators[v].result == NO_RESULT:
+            continue  # the reads of an op without results (its operands get use-site constraints)
         else:
             loc = graph.locators[v]
             wanted[(_block_key(loc), loc.op_index, loc.result)][v] = dims

@@ -18,6 +18,7 @@ from jaxlib.mlir import ir
 
 from alpa_pass.emit.accumulation import rewrite_accumulations
 from alpa_pass.emit.calls import specialize_callees
+from alpa_pass.emit.callbacks import replicate_branch_callbacks
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
 from alpa_pass.emit.manual_ops import wrap_manual_ops
 from alpa_pass.emit.reduce_scatter import locate_partial_sum_dots, rewrite_reduce_scatter
@@ -41,6 +42,7 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
                                 axis_order=tuple(plan.axis_order) or None,
                                 operand_steps=operand_steps(graph, plan, mesh))
     report.manual_ops = wrap_manual_ops(module, mesh_name)  # (batch-split FFTs XLA would replicate)
+    report.branch_callbacks = replicate_branch_callbacks(module, mesh_name)  # (an error path raises on all)
     if located:
         report.reduce_scattered = rewrite_reduce_scatter(module, located, mesh, mesh_name)
         log.info("%s: %d partial-sum dots reduce-scattered", name, report.reduce_scattered)

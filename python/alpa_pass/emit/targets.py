@@ -10,7 +10,7 @@ import collections
 
 from alpa_pass import _core
 from alpa_pass.emit.constraints import reshard_steps, slice_first
-from alpa_pass.extract.graph import CARRY_INDEX, OpGraph, OpKind
+from alpa_pass.extract.graph import CARRY_INDEX, NO_RESULT, OpGraph, OpKind
 from alpa_pass.mesh import LogicalMesh
 
 ANCHOR_KINDS = (OpKind.DOT, OpKind.CONVOLUTION, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER)
@@ -39,9 +39,18 @@ def is_carry(graph: OpGraph, v: int) -> bool:
     return graph.locators[v].op_index == CARRY_INDEX
 
 
+def reads_at_use(graph: OpGraph, v: int) -> bool:
+    """Whether node ``v`` gets its operands in the plan's layout by a use-site constraint though
+    it is no anchor: a while's carry (:func:`is_carry`), or the reads of an op without results
+    (a host callback, ``OpLocator.result == NO_RESULT``: unconstrained, XLA moves its operand onto
+    the callback's one device by a full rematerialization)."""
+    loc = graph.locators[v]
+    return loc.op_index == CARRY_INDEX or (loc.op_index >= 0 and loc.result == NO_RESULT)
+
+
 def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     """(node, operand index) -> dims, where an anchor op (dot, convolution, reduce, gather,
-    scatter) or a while's carry (:func:`is_carry`) reads an operand in another layout than its
+    scatter), a while's carry or a result-less op (:func:`reads_at_use`) reads an operand in another layout than its
     producer's: pin the layout the plan
     reshards it to, so XLA does exactly the planned resharding (and never partitions, e.g., a
     gather whose indices and operand disagree on batching dims — XLA 0.10 computes that wrongly on
@@ -51,7 +60,7 @@ def operand_targets(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
     layout, reached in ``operand_steps``)."""
     out = {}
     for v in range(graph.num_nodes):
-        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS and not is_carry(graph, v):
+        if OpKind(int(graph.kind[v])) not in USE_SITE_KINDS and not reads_at_use(graph, v):
             out.update(_slice_first_targets(graph, plan, mesh, v))
             out.update({(v, t): mesh.dim_axes(plan.operand_specs[v][t], len(graph.shape(u)))
                         for t, u in enumerate(graph.operands(v)) if _moving_reshard(graph, plan, mesh, v, t)})
@@ -76,7 +85,7 @@ def operand_steps(graph: OpGraph, plan, mesh: LogicalMesh) -> dict:
                     anchor_reads[u].append(v)
     out = {}
     for v in range(graph.num_nodes):
-        anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS or is_carry(graph, v)
+        anchor = OpKind(int(graph.kind[v])) in USE_SITE_KINDS or reads_at_use(graph, v)
         for t, u in enumerate(graph.operands(v)):
             src, want = plan.node_specs[u], plan.operand_specs[v][t]
             if want == src or OpKind(int(graph.kind[u])) == OpKind.GENERATOR:

@@ -59,6 +59,8 @@ __all__ = ["CARRY_INDEX", "GraphBuilder", "OUTPUT_INDEX", "OpGraph", "OpKind", "
 # ``OpLocator.op_index`` of nodes that are no op of their block: a function argument, a
 # returned value, a while loop's carried slot (see OpLocator).
 PARAM_INDEX, OUTPUT_INDEX, CARRY_INDEX = -1, -2, -3
+# ``OpLocator.result`` of the node that stands for the reads of an op without results.
+NO_RESULT = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,11 @@ class OpLocator:
     PARAMETER nodes use ``op_index = PARAM_INDEX`` (-1) and ``result`` = argument index of ``func``;
     OUTPUT nodes use ``op_index = OUTPUT_INDEX`` (-2) and ``result`` = result index; the loop-carried value of
     a ``stablehlo.while`` (its regions' block arguments) uses ``op_index = CARRY_INDEX`` (-3) and ``result`` =
-    the carried slot (no op of its own: never constrained).
+    the carried slot (no op of its own: never constrained). An op without results that reads
+    operands (a host callback of ``jax.debug.callback``) has one OPAQUE node of shape ``()`` with
+    ``result = NO_RESULT``: its operands are read replicated (the plan pays the gather and emits it
+    at the use, where XLA would otherwise rematerialize the value onto the callback's device); it
+    has no value to constrain.
     ``nest``: for an op inside a region (a while's cond/body, a case's branch), the
     ``(op_index, region_index)`` pairs leading from ``func``'s entry block to the op's block;
     ``op_index`` then counts in that block.

@@ -19,7 +19,7 @@ from alpa_pass.errors import ExtractError
 from alpa_pass import _compat
 from alpa_pass.extract import op_table
 from alpa_pass.extract.accumulators import accumulated_comm_weights
-from alpa_pass.extract.graph import (CARRY_INDEX, OUTPUT_INDEX, PARAM_INDEX, GraphBuilder, OpGraph, OpKind,
+from alpa_pass.extract.graph import (CARRY_INDEX, NO_RESULT, OUTPUT_INDEX, PARAM_INDEX, GraphBuilder, OpGraph, OpKind,
                                      OpLocator)
 
 _LOG = logging.getLogger("alpa_pass")
@@ -308,6 +308,9 @@ class _Walker:
             outs.append(self.add(
                 kind, shape, nbytes, operands, attrs, op_name=name, label=label,
                 locator=OpLocator(loc.func, loc.op_index, k, loc.call_path, loc.nest)))
+        if not op.results and ins:  # a side effect reading values (a host callback): they are read whole
+            self.add(OpKind.OPAQUE, (), 0, ins, (), op_name=name, label=label,
+                     locator=OpLocator(loc.func, loc.op_index, NO_RESULT, loc.call_path, loc.nest))
         return outs
 
 

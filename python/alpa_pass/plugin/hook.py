@@ -175,7 +175,7 @@ class LoweringHook:
             return "user in_shardings"
         if _compat.on_explicit_mesh(closed_jaxpr):
             return "arguments typed on the user's mesh (explicit sharding)"
-        effects = _compat.unplannable_effects(closed_jaxpr)  # (unordered jax.debug.print: planned)
+        effects = _compat.unplannable_effects(closed_jaxpr)  # (unordered callbacks: planned)
         if effects:
             return f"side effects ({', '.join(sorted({type(e).__name__ for e in effects}))})"
         eqns = closed_jaxpr.jaxpr.eqns
