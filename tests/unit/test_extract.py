@@ -229,18 +229,38 @@ def test_call_is_inlined_per_call_path():
 
 
 def test_unknown_op_falls_back_to_opaque_and_logs_once(caplog):
+    """An op without a rule (``stablehlo.rng``, lax.rng_uniform) is OPAQUE (computed replicated),
+    counted per instance and warned about once; one of at most QUIET_FALLBACK_BYTES is counted
+    without a warning (it cannot cost a plan anything)."""
     def f(x):
         y = jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x)
         z = jax.lax.fori_loop(0, 2, lambda i, c: c + 1.0, y)
-        return z, jax.lax.rng_bit_generator(jnp.zeros((4,), jnp.uint32), (4,))[1]
+        return z, jax.lax.rng_uniform(0.0, 1.0, (64,)), jax.lax.rng_uniform(0.0, 1.0, (64,))
 
     with caplog.at_level(logging.WARNING, logger="alpa_pass"):
         g = _graph(f, jnp.ones((4,)))
-    assert g.fallbacks.get("stablehlo.rng_bit_generator") == 1 and "stablehlo.while" not in g.fallbacks
-    rng = _nodes(g, "stablehlo.rng_bit_generator")
-    assert rng and all(g.kind[v] == OpKind.OPAQUE for v in rng)
-    msgs = [r.getMessage() for r in caplog.records if "stablehlo.rng_bit_generator" in r.getMessage()]
+    assert g.fallbacks.get("stablehlo.rng") == 2 and "stablehlo.while" not in g.fallbacks
+    rng = _nodes(g, "stablehlo.rng")
+    assert len(rng) == 2 and all(g.kind[v] == OpKind.OPAQUE for v in rng)
+    msgs = [r.getMessage() for r in caplog.records if "stablehlo.rng" in r.getMessage()]
     assert len(msgs) == 1 and "computed replicated" in msgs[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+        g = _graph(lambda x: x * jax.lax.rng_uniform(0.0, 1.0, (4,)), jnp.ones((4,)))
+    assert g.fallbacks == {"stablehlo.rng": 1} and caplog.records == []
+
+
+def test_rbg_random_bits_are_replicated_by_rule_and_key_casts_are_quiet(caplog):
+    """jax's ``rbg`` / ``unsafe_rbg`` generators (MaxText's choice) draw with
+    ``stablehlo.rng_bit_generator``: XLA generates the whole bits on every device and slices, so
+    they are a GENERATOR (replicated, split by their readers for free), not a warned fallback;
+    the 16-byte key reinterpretations (``bitcast_convert`` u32[2,2] <-> u64[2]) are counted only."""
+    key = jax.random.key(0, impl="unsafe_rbg")
+    with caplog.at_level(logging.WARNING, logger="alpa_pass"):
+        g = _graph(lambda k, x: x * jax.random.bernoulli(k, 0.9, x.shape), key, jnp.ones((512, 64)))
+    (rng,) = [v for v in _nodes(g, "stablehlo.rng_bit_generator") if g.shape(v) == (512, 64)]
+    assert g.kind[rng] == OpKind.GENERATOR
+    assert set(g.fallbacks) == {"stablehlo.bitcast_convert"} and caplog.records == []
 
 
 def test_while_regions_are_extracted_with_tied_carries():

@@ -366,6 +366,9 @@ RULES: dict[str, Rule] = {
     "stablehlo.reduce": _reduce,
     "stablehlo.constant": _generator,
     "stablehlo.iota": _generator,
+    # (XLA's partitioner makes every device generate the whole bits and slice its part, so the
+    # bits equal one device's under any sharding: a replicated value, split by its readers)
+    "stablehlo.rng_bit_generator": _generator,
     "chlo.constant": _generator,
     "sdy.constant": _generator,
     "stablehlo.dot_general": _dot_general,

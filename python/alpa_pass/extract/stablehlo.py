@@ -9,6 +9,7 @@ region op (while, case, if, sdy.manual_computation, ...) is OPAQUE.  The op-name
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 
@@ -137,6 +138,7 @@ def _int_constant(value) -> int | None:
 
 # jax.debug.print / debug.callback / pure_callback / io_callback targets (cpu and gpu, ffi or not)
 _HOST_CALLBACK = re.compile(r"python_(cpu|gpu)_callback")
+QUIET_FALLBACK_BYTES = 64  # an op without a rule this small is counted, not warned about
 
 
 def _call_target(op) -> str:
@@ -152,6 +154,7 @@ class _Walker:
         self.builder = GraphBuilder()
         self._types: dict = {}
         self._info: list = []  # node id -> (shape, dtype_bytes)
+        self._warned: set = set()  # op names warned about (no sharding rule)
         self.weights: list = []  # node id -> cost factor (product of enclosing trip counts)
         self._weight = 1.0
         self.loops: list = []  # (carry nodes, yield nodes, weight outside) per top-level while of the entry
@@ -178,9 +181,13 @@ class _Walker:
             self._types[t] = info
         return info
 
-    def fallback(self, name: str) -> None:
-        fb = self.builder.fallbacks
-        if name not in fb:
+    def fallback(self, name: str, nbytes: int = QUIET_FALLBACK_BYTES + 1) -> None:
+        """Count an op without a rule; warn at the first one of ``name`` of more than
+        QUIET_FALLBACK_BYTES (operands and results: smaller ones, such as the 16-byte key
+        reinterpretations of jax's ``rbg`` generator, cannot cost a plan anything)."""
+        fb, warned = self.builder.fallbacks, self._warned
+        if name not in warned and nbytes > QUIET_FALLBACK_BYTES:
+            warned.add(name)
             _LOG.warning("alpa_pass: no sharding rule for op '%s'; it will be computed replicated",
                          name)
         fb[name] = fb.get(name, 0) + 1
@@ -300,7 +307,9 @@ class _Walker:
                 if not _HOST_CALLBACK.search(target):  # (a host callback runs where jax puts it: replicated)
                     self.fallback(f"{name} @{target}")
             else:
-                self.fallback(name)
+                sizes = [self._info[v] for v in ins] + [self.type_info(r.type, f"op {name} ({label})")
+                                                        for r in op.results]
+                self.fallback(name, sum(math.prod(shape) * nbytes for shape, nbytes in sizes))
             specs = op_table.opaque(op, ins)
         outs = []
         for k, (res, (kind, operands, attrs)) in enumerate(zip(op.results, specs)):
