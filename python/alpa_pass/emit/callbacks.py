@@ -18,11 +18,10 @@ Input IR state: the planned module (constraints inserted). Output IR state: each
 """
 from __future__ import annotations
 
-import re
-
 from jaxlib.mlir import ir
 
-HOST_CALLBACK = re.compile(r"python_(cpu|gpu)_callback")
+from alpa_pass.extract.stablehlo import HOST_CALLBACK
+
 BRANCH_OPS = ("stablehlo.case", "stablehlo.if")
 
 

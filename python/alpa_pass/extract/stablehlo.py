@@ -137,7 +137,7 @@ def _int_constant(value) -> int | None:
 
 
 # jax.debug.print / debug.callback / pure_callback / io_callback targets (cpu and gpu, ffi or not)
-_HOST_CALLBACK = re.compile(r"python_(cpu|gpu)_callback")
+HOST_CALLBACK = re.compile(r"python_(cpu|gpu)_callback")
 QUIET_FALLBACK_BYTES = 64  # an op without a rule this small is counted, not warned about
 
 
@@ -304,7 +304,7 @@ class _Walker:
         if specs is None:
             if name == "stablehlo.custom_call":
                 target = _call_target(op)
-                if not _HOST_CALLBACK.search(target):  # (a host callback runs where jax puts it: replicated)
+                if not HOST_CALLBACK.search(target):  # (a host callback runs where jax puts it: replicated)
                     self.fallback(f"{name} @{target}")
             else:
                 sizes = [self._info[v] for v in ins] + [self.type_info(r.type, f"op {name} ({label})")
