@@ -172,7 +172,26 @@ DimSet forwarded_dims(const Graph& g, const std::vector<Dims>& indexed, int64_t 
       break;
     }
     case OpKind::kGather: gather_dims(g, indexed, v, to); break;
-    case OpKind::kConvolution:
+    case OpKind::kConvolution: {  // as a dot: batch and free dims map, windows spread, features contract
+      const ConvAttrs a = decode_conv_attrs(g.node_attrs(v));
+      if (a.batch_group_count != 1) {
+        if (any_operand_indexed()) {
+          for (int64_t d = 0; d < g.rank(v); ++d) to.insert(d);
+        }
+        break;
+      }
+      if (has(indexed, ops[0], a.input_batch)) to.insert(a.output_batch);
+      if (has(indexed, ops[1], a.kernel_output_feature) ||
+          (a.feature_group_count > 1 && has(indexed, ops[0], a.input_feature))) {
+        to.insert(a.output_feature);
+      }
+      for (size_t i = 0; i < a.output_spatial.size(); ++i) {
+        if (has(indexed, ops[0], a.input_spatial[i]) || has(indexed, ops[1], a.kernel_spatial[i])) {
+          to.insert(a.output_spatial[i]);
+        }
+      }
+      break;
+    }
     case OpKind::kScatter:
       if (any_operand_indexed()) {
         for (int64_t d = 0; d < g.rank(v); ++d) to.insert(d);

@@ -92,6 +92,27 @@ def test_a_follower_that_loses_strategies_becomes_its_own_group():
     assert prob.node_group[add] != prob.node_group[y]
 
 
+def test_a_convolution_forwards_runtime_indexed_dims_as_a_dot_does():
+    """A conv over a runtime-sliced window (jax.scipy.signal.stft's framing gather feeding a
+    conv): the indexed spatial dim stays whole through the conv and after it, the batch dim does
+    not (it was marked too: every op after the stft ran replicated, 10x plain on 1x8)."""
+    b = GraphBuilder()
+    x = b.add(OpKind.PARAMETER, [8, 20, 1], F32, attrs=[0])  # (batch, time, feature)
+    i = b.add(OpKind.PARAMETER, [], 4, attrs=[1])
+    zero = b.add(OpKind.GENERATOR, [], 4)
+    ds = b.add(OpKind.ELEMENTWISE, [8, 16, 1], F32, [x, zero, i, zero], [-1, 1])  # time picked at runtime
+    w = b.add(OpKind.PARAMETER, [3, 1, 4], F32, attrs=[2])  # (window, in, out)
+    # batch 0, feature 2, 1 spatial dim (1); kernel in 1, out 2, spatial (0); output batch 0,
+    # feature 2, spatial (1); feature_group_count 1, batch_group_count 1
+    conv = b.add(OpKind.CONVOLUTION, [8, 14, 4], F32, [ds, w], [0, 2, 1, 1, 1, 2, 0, 0, 2, 1, 1, 1])
+    e = b.add(OpKind.ELEMENTWISE, [8, 14, 4], F32, [conv])
+    prob = build(b, MESH18)
+    for v in (conv, e):
+        out, ins = split_dims(prob, v)
+        assert 0 in out and 1 not in out, (v, out)
+    assert 1 not in split_dims(prob, conv)[1][0]  # the conv never reads the window split
+
+
 def test_gather_rows_indexed_and_sliced_are_runtime_indexed():
     # x[12, 2] gathered at one start row: offset dims (0, 1), slice (8, 2), start_index_map (0,).
     b = GraphBuilder()

@@ -38,8 +38,11 @@ namespace alpa {
 // smaller than the operand, followed forward (elementwise, transpose, broadcast, reshape, reduce
 // and dot dims map one to one, a reshape marks each dim group holding an indexed dim of size > 1;
 // a gather's indices dims map to its batch dims, operand dims to offset dims, a picked-from
-// operand dim marks every batch dim; convolution and scatter results are marked whole when an
-// operand has any); plus, for a dynamic_slice / dynamic_update_slice, those dims of its operand 0.
+// operand dim marks every batch dim; a convolution's batch, output feature and spatial dims follow
+// the input batch, kernel output feature (or, grouped, input feature) and input or kernel spatial
+// dims, its contracted features do not (with batch_group_count > 1, and for a scatter, every
+// result dim is marked when an operand has any); plus, for a dynamic_slice /
+// dynamic_update_slice, those dims of its operand 0.
 // Sorted, distinct.
 std::vector<Dims> runtime_indexed_dims(const Graph& g);
 
