@@ -224,3 +224,40 @@ def test_micro_batches_of_a_split_batch_stay_on_their_devices(method):
     whole = ap.parallelize(plain_step, method=ap.DataParallel(mesh=ap.LogicalMesh((1, 8)))).get_executable(state, batch)
     assert exe.plan.objective == pytest.approx(whole.plan.objective, rel=1e-6)
     _trains_like_jit(step, plain_step, state, batch, 2)
+
+
+def test_an_lstms_fused_gate_gradients_are_reduced_after_the_time_loop():
+    """flax's ``nn.RNN(nn.OptimizedLSTMCell)``: the cell concatenates its 4 gates' kernels, so the
+    backward time loop sums one fused weight-gradient dot (and one bias sum) per step and slices it
+    into the 12 gate parameters' accumulators. Split over the batch, the partial sums are carried
+    per shard and all-reduced once after the loop (was: 2 all-reduces, an all-gather and 3
+    all-to-alls per time step on 1x8 (60 steps), a plan objective of 1.28e6 against 9.4e4 now
+    under unit costs, 7x slower than with this rewrite)."""
+    import flax.linen as nn
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(nn.RNN(nn.OptimizedLSTMCell(24))(x))
+
+    model, opt = Model(), optax.adam(1e-3)
+    x = np.random.default_rng(0).standard_normal((16, 12, 10)).astype(np.float32)
+    params = model.init(jax.random.key(0), x)
+
+    def step(state, x):
+        params, opt_state = state
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean(model.apply(p, x) ** 2))(params)
+        updates, opt_state = opt.update(grads, opt_state)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    state = (params, opt.init(params))
+    graph = extract_graph(parse_module(jax.jit(step).lower(state, x).as_text()))
+    changed = np.nonzero(graph.comm_weights != graph.weights)[0]
+    # the fused input-kernel and hidden-kernel gradient dots and the bias sum, costed once
+    assert sorted((graph.op_names[v], graph.shape(int(v))) for v in changed) == [
+        ("stablehlo.dot_general", (96, 10)), ("stablehlo.dot_general", (96, 24)), ("stablehlo.reduce", (96,))]
+    par = ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8))))
+    exe = par.get_executable(state, x)
+    assert exe.plan.emit_report.accumulators == 12
+    assert loop_collectives(exe.hlo_text()) == (0, 1)
+    _trains_like_jit(par, step, state, x, 2)

@@ -17,17 +17,21 @@ loops inlined (jax puts a scan's body in ``@closed_call``), and for every
 carried slot ``s`` of a top-level while that matches
 
   init_s = zeros                                   (a splat 0 constant, or its broadcast)
-  body:  y = add(arg_s, chain(dot(l, r)))          (chain: transpose / reshape / convert /
+  body:  y = add(arg_s, chain(dot(l, r)))          (chain: transpose / reshape / convert / slice /
                                                     sharding constraints / sums of size-1 dims /
-                                                    products and quotients with a splat constant,
-                                                    each value used once)
+                                                    products and quotients with a splat constant;
+                                                    a tree: one dot may feed several slots through
+                                                    slices, as a fused LSTM kernel's gradient feeds
+                                                    its gates', when every use of the dot and of
+                                                    the chain lies inside the tree)
          with l, r read in layouts that split one contracted pair over exactly the axes A
          (or y = add(arg_s, chain(reduce_sum(x))), x split over A on one reduced dim)
 
 the rewrite above (the carry and the chain keep their planned layouts less A, which now splits
 the leading dim; where the plan split the carry over A, the sum after the loop is constrained to
-that layout: an all-reduce and a local slice, a reduce-scatter on GPU) (a dot read from unconstrained operands, a chain through other ops, a value used
-twice, sub-axis shardings: left alone, i.e. all-reduced in the loop as before).
+that layout: an all-reduce and a local slice, a reduce-scatter on GPU) (a dot read from
+unconstrained operands, a chain through other ops, a value read outside the tree, sub-axis
+shardings: left alone, i.e. all-reduced in the loop as before).
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ from alpa_pass.errors import EmitError
 from alpa_pass.extract.stablehlo import functions
 from alpa_pass.mesh import LogicalMesh
 
-_CHAIN = ("sdy.sharding_constraint", "stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
+_CHAIN = ("sdy.sharding_constraint", "stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert",
+          "stablehlo.slice")
 _DIM = re.compile(r"\{([^{}]*)\}")
 _AXIS = re.compile(r'^"([^"]+)"$')
 _NAME_LOC = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?!:\d)')
@@ -67,12 +72,10 @@ def rewrite_accumulations(module: ir.Module, mesh: LogicalMesh, mesh_name: str =
             for region in w.regions:
                 _inline_calls(region.blocks[0], funcs)
         for w in whiles:
-            for s in range(len(w.results)):
-                found = _match(w, s, mesh)
-                if found is not None:
-                    with w.location:
-                        _rewrite(w, s, found, mesh, mesh_name)
-                    count += 1
+            for group in _match_groups(w, mesh):
+                with w.location:
+                    _rewrite(w, group, mesh, mesh_name)
+                count += len(group.slots)
     if count:
         try:
             module.operation.verify()
@@ -137,14 +140,23 @@ def _remap(op, mapping: dict) -> None:
                 _remap(inner.operation, mapping)
 
 
-class _Found:
-    """A matched accumulator: the partial-sum op (``kind`` "dot" with contracted pair ``dims`` =
-    (lhs dim, rhs dim), or "reduce" with ``dims`` = (the split reduced dim,)), the partial-sum
-    axes, the ops between it and the add (in order), the add, the carry's constraints."""
+class _Slot:
+    """One matched carried slot: its index, the add, the carry's constraints (arg and yield side)."""
 
-    def __init__(self, source, kind, dims, axes, chain, add, arg_side, yield_side):
+    def __init__(self, index, add, arg_side, yield_side):
+        self.index, self.add, self.arg_side, self.yield_side = index, add, arg_side, yield_side
+
+
+class _Group:
+    """A partial-sum op (``kind`` "dot" with contracted pair ``dims`` = (lhs dim, rhs dim), or
+    "reduce" with ``dims`` = (the split reduced dim,)), its partial-sum axes, the linear ops
+    between it and the adds (a tree: slices fan one result out to several accumulators, as a
+    fused LSTM kernel's gradient is sliced into its gates' kernels), and the slots it feeds."""
+
+    def __init__(self, source, kind, dims, axes):
         self.source, self.kind, self.dims, self.axes = source, kind, dims, axes
-        self.chain, self.add, self.arg_side, self.yield_side = chain, add, arg_side, yield_side
+        self.chain: list = []
+        self.slots: list[_Slot] = []
 
 
 def _owner(value):
@@ -189,7 +201,44 @@ def _is_zero(value) -> bool:
     return attr.is_splat and float(np.asarray(attr.get_splat_value().value)) == 0.0
 
 
-def _match(w, s: int, mesh: LogicalMesh) -> _Found | None:
+def _match_groups(w, mesh: LogicalMesh) -> list[_Group]:
+    """The accumulator trees of while ``w``: slots grouped by their partial-sum op, kept where
+    every use of the op and of the ops between it and the adds lies inside the tree."""
+    groups: list[_Group] = []
+    for s in range(len(w.results)):
+        found = _match_slot(w, s)
+        if found is None:
+            continue
+        slot, source, chain = found
+        group = next((g for g in groups if g.source == source), None)
+        if group is None:
+            split = _dot_split(source, mesh) if source.name == "stablehlo.dot_general" else _reduce_split(source, mesh)
+            if split is None:
+                continue
+            group = _Group(source, *split)
+            groups.append(group)
+        group.slots.append(slot)
+        group.chain.extend(c for c in chain if not any(c == g for g in group.chain))
+    return [g for g in groups if _closed(g)]
+
+
+def _closed(g: _Group) -> bool:
+    """Every result use of the source and of the chain ops is a chain op or one of the adds."""
+    inside = g.chain + [slot.add for slot in g.slots]
+    for op in [g.source, *g.chain]:
+        for use in op.results[0].uses:
+            if not any(_owner_op(use.owner) == o for o in inside):
+                return False
+    return True
+
+
+def _owner_op(owner):
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+def _match_slot(w, s: int):
+    """``(slot, source, chain)`` when carried slot ``s`` yields ``add(arg_s, tree(source))``
+    (module docstring) with a zero init; else None."""
     body, cond = w.regions[1].blocks[0], w.regions[0].blocks[0]
     arg, ret = body.arguments[s], list(body.operations)[-1]
     t = ir.RankedTensorType(arg.type)
@@ -205,37 +254,30 @@ def _match(w, s: int, mesh: LogicalMesh) -> _Found | None:
         arg_side = []
         if _strip_constraints(add.operands[a], arg_side) == arg and _single_use(arg) and \
                 all(_single_use(o.results[0]) for o in arg_side):
-            found = _match_source(add.operands[b], mesh)
-            if found is None:
+            found = _match_source(add.operands[b])
+            if found is None or any(constraint_dims(o) is None for o in arg_side + yield_side):
                 return None
-            source, kind, dims, axes, chain = found
-            if any(constraint_dims(o) is None for o in arg_side + yield_side):
-                return None
-            return _Found(source, kind, dims, axes, chain, add, arg_side, yield_side)
+            source, chain = found
+            return _Slot(s, add, arg_side, yield_side), source, chain
     return None
 
 
-def _match_source(value, mesh: LogicalMesh):
-    """``(op, kind, dims, axes, chain)`` when ``value`` is a chain of single-use ops (``_CHAIN``,
-    and sum reduces of size-1 dims) over a single-use partial-sum op (module docstring) whose
-    partial-sum axes nothing in the chain mentions; else None."""
+def _match_source(value):
+    """``(op, chain)`` when ``value`` is a chain of linear ops (``_CHAIN``, slices, sums of size-1
+    dims, products and quotients with a splat constant) over a dot or a sum (uses outside the
+    tree are checked per group, ``_closed``); else None."""
     chain = []
-    while (o := _owner(value)) is not None and _single_use(value) and \
+    while (o := _owner(value)) is not None and \
             (o.name in _CHAIN or _scales(o) or (_is_sum(o) and all(
                 ir.RankedTensorType(o.operands[0].type).shape[d] == 1 for d in _reduced(o)))):
         chain.append(o)
         value = o.operands[_scaled_operand(o)]
     o = _owner(value)
-    if o is None or not _single_use(value):
+    if o is None or not (o.name == "stablehlo.dot_general" or _is_sum(o)):
         return None
-    found = _dot_split(o, mesh) if o.name == "stablehlo.dot_general" else \
-        _reduce_split(o, mesh) if _is_sum(o) else None
-    if found is None:
-        return None
-    kind, dims, axes = found
     if any(c.name == "sdy.sharding_constraint" and constraint_dims(c) is None for c in chain):
         return None
-    return o, kind, dims, axes, list(reversed(chain))
+    return o, list(reversed(chain))
 
 
 def _constant(value) -> bool:
@@ -382,6 +424,9 @@ def _retype(op, n: int, axes, mesh_name: str) -> None:
     elif op.name == "stablehlo.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         op.attributes["permutation"] = ir.DenseI64ArrayAttr.get([0, *(p + 1 for p in perm)])
+    elif op.name == "stablehlo.slice":  # the whole leading dim
+        for name, first in (("start_indices", 0), ("limit_indices", n), ("strides", 1)):
+            op.attributes[name] = ir.DenseI64ArrayAttr.get([first, *ir.DenseI64ArrayAttr(op.attributes[name])])
     elif op.name == "stablehlo.reduce":
         op.attributes["dimensions"] = ir.DenseI64ArrayAttr.get([d + 1 for d in _reduced(op)])
     elif op.name in ("stablehlo.divide", "stablehlo.multiply"):  # the constant, broadcast along
@@ -401,30 +446,34 @@ def _split_operand(value, k: int, n: int, dims, axes, mesh_name: str):
     return _constrain(r, [*dims[:k], axes, (), *dims[k + 1:]], mesh_name)
 
 
-def _rewrite(w, s: int, f: _Found, mesh: LogicalMesh, mesh_name: str) -> None:
-    n = math.prod(mesh.shape[mesh.axis_names.index(a)] for a in f.axes)
-    src = f.source
+def _rewrite(w, g: _Group, mesh: LogicalMesh, mesh_name: str) -> None:
+    n = math.prod(mesh.shape[mesh.axis_names.index(a)] for a in g.axes)
+    src = g.source
     with ir.InsertionPoint(src):
-        new = (_split_dot if f.kind == "dot" else _split_reduce)(src, f.dims, n, f.axes, mesh_name)
+        new = (_split_dot if g.kind == "dot" else _split_reduce)(src, g.dims, n, g.axes, mesh_name)
     src.results[0].replace_all_uses_with(new)
     src.erase()
+    for op in g.chain:
+        _retype(op, n, g.axes, mesh_name)
     body, cond = w.regions[1].blocks[0], w.regions[0].blocks[0]
-    old_t = ir.RankedTensorType(body.arguments[s].type)
-    carry_dims = _without(constraint_dims(f.yield_side[0]), f.axes) if f.yield_side else [()] * old_t.rank
-    for op in [*f.chain, f.add, *reversed(f.yield_side), *f.arg_side]:
-        _retype(op, n, f.axes, mesh_name)
-    for block in (body, cond):
-        block.arguments[s].set_type(_prefixed(old_t, n))
-    out = w.results[s]
-    out.set_type(_prefixed(old_t, n))
-    with ir.InsertionPoint(w):
-        zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
-            ir.RankedTensorType.get([], old_t.element_type), ir.FloatAttr.get(old_t.element_type, 0.0))).result
-        init = stablehlo.BroadcastInDimOp(_prefixed(old_t, n), zero, ir.DenseI64ArrayAttr.get([])).result
-        w.operands[s] = _constrain(init, [f.axes, *carry_dims], mesh_name)
-    with ir.InsertionPoint(_next_op(w)):
-        total = _sum_leading(out, old_t)
-    out.replace_all_uses_except(total, _owner(total))
+    for f in g.slots:
+        s = f.index
+        old_t = ir.RankedTensorType(body.arguments[s].type)
+        carry_dims = _without(constraint_dims(f.yield_side[0]), g.axes) if f.yield_side else [()] * old_t.rank
+        for op in [f.add, *reversed(f.yield_side), *f.arg_side]:
+            _retype(op, n, g.axes, mesh_name)
+        for block in (body, cond):
+            block.arguments[s].set_type(_prefixed(old_t, n))
+        out = w.results[s]
+        out.set_type(_prefixed(old_t, n))
+        with ir.InsertionPoint(w):
+            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+                ir.RankedTensorType.get([], old_t.element_type), ir.FloatAttr.get(old_t.element_type, 0.0))).result
+            init = stablehlo.BroadcastInDimOp(_prefixed(old_t, n), zero, ir.DenseI64ArrayAttr.get([])).result
+            w.operands[s] = _constrain(init, [g.axes, *carry_dims], mesh_name)
+        with ir.InsertionPoint(_next_op(w)):
+            total = _sum_leading(out, old_t)
+        out.replace_all_uses_except(total, _owner(total))
 
 
 def _next_op(op):

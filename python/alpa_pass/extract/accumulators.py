@@ -2,20 +2,22 @@
 
 A ``lax.scan`` that sums gradients over micro-batches carries ``acc`` and yields ``acc + g``, ``g``
 a weight-gradient dot or a bias gradient's (or the loss's) sum (through a transpose, a reshape, a
-convert, a sum of size-1 dims or a constant factor). When the plan splits the dot's contracted dim or the sum's reduced dim (the
-micro-batch) over some mesh axes, its partial sums need one reduction over those axes; emission (:mod:`alpa_pass.emit.accumulation`) carries them per shard and reduces once
-after the loop, as Alpa does (its gradient sync cost divided by the micro-batch count). So such a
-dot's own communication cost counts with the weight outside the loop, not the trip count; its
-compute and the resharding of its operands still count every trip.
+convert, a slice, a sum of size-1 dims or a constant factor). When the plan splits the dot's
+contracted dim or the sum's reduced dim (the micro-batch) over some mesh axes, its partial sums
+need one reduction over those axes; emission (:mod:`alpa_pass.emit.accumulation`) carries them
+per shard and reduces once after the loop, as Alpa does (its gradient sync cost divided by the
+micro-batch count). So such a dot's own communication cost counts with the weight outside the
+loop, not the trip count; its compute and the resharding of its operands still count every trip.
 
 The graph pattern (the one the emission pass matches in the module): a carried slot whose carry
-node's only user is the yield, an ``stablehlo.add`` of the carry and a chain of single-use
-``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stablehlo.convert`` nodes (and reduces of
-size-1 dims, products and quotients with a constant: a mean's divisor) over a single-use dot or
-reduce. What emission checks besides (the init is zeros, a
-reduce sums, the partial sums come from one contracted / reduced dim) is not in the graph: a node
-that matches here but not there is costed as reduced once and is all-reduced every trip (an
-optimistic estimate, never wrong numbers).
+node's only user is the yield, an ``stablehlo.add`` of the carry and a chain of
+``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stablehlo.convert`` / ``stablehlo.slice`` nodes
+(and reduces of size-1 dims, products and quotients with a constant: a mean's divisor) over a dot
+or reduce, where every user of the dot and of the chain nodes is in the chains of the carries it
+feeds (a fused LSTM kernel's gradient is sliced into its gates' accumulators). What emission
+checks besides (the init is zeros, a reduce sums, the partial sums come from one contracted /
+reduced dim) is not in the graph: a node that matches here but not there is costed as reduced
+once and is all-reduced every trip (an optimistic estimate, never wrong numbers).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 
 from alpa_pass.extract.graph import OpGraph, OpKind
 
-_CHAIN = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
+_CHAIN = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert", "stablehlo.slice")
 
 
 def accumulated_comm_weights(graph: OpGraph, loops: list) -> np.ndarray | None:
@@ -38,25 +40,32 @@ def accumulated_comm_weights(graph: OpGraph, loops: list) -> np.ndarray | None:
     out = np.asarray(graph.weights, dtype=np.float64).copy()
     found = False
     for carry, yields, outer in loops:
+        trees: dict[int, tuple[set, set]] = {}  # partial-sum node -> (chain nodes, adds)
         for c, y in zip(carry, yields):
-            dot = _accumulated_dot(graph, users, c, y)
-            if dot is not None:
-                out[dot] = outer
+            hit = _accumulated_source(graph, users, c, y)
+            if hit is not None:
+                chain, adds = trees.setdefault(hit[0], (set(), set()))
+                chain.update(hit[1])
+                adds.add(y)
+        for source, (chain, adds) in trees.items():
+            if all(set(users[v]) <= chain | adds for v in chain | {source}):
+                out[source] = outer
                 found = True
     return out if found else None
 
 
-def _accumulated_dot(graph: OpGraph, users: list, c: int, y: int) -> int | None:
+def _accumulated_source(graph: OpGraph, users: list, c: int, y: int) -> tuple[int, list[int]] | None:
+    """(partial-sum node, chain nodes) for carry ``c`` yielded as ``y = add(c, chain(node))``."""
     ops = graph.operands(y)
     if graph.op_names[y] != "stablehlo.add" or len(ops) != 2 or c not in ops or users[c] != [y]:
         return None
-    v, nxt = ops[1] if ops[0] == c else ops[0], y
-    while users[v] == [nxt] and (graph.op_names[v] in _CHAIN or _drops_unit_dims(graph, v)
-                                 or _scaled(graph, v) is not None):
-        v, nxt = graph.operands(v)[_scaled(graph, v) or 0], v
-    if OpKind(int(graph.kind[v])) not in (OpKind.DOT, OpKind.REDUCE) or users[v] != [nxt]:
+    v, chain = ops[1] if ops[0] == c else ops[0], []
+    while graph.op_names[v] in _CHAIN or _drops_unit_dims(graph, v) or _scaled(graph, v) is not None:
+        chain.append(v)
+        v = graph.operands(v)[_scaled(graph, v) or 0]
+    if OpKind(int(graph.kind[v])) not in (OpKind.DOT, OpKind.REDUCE):
         return None
-    return v
+    return v, chain
 
 
 def _constant(graph: OpGraph, v: int) -> bool:
