@@ -400,6 +400,28 @@ def test_an_error_check_that_fires_in_a_planned_step_raises_as_in_plain_jax():
         assert a == pytest.approx(b, rel=1e-5)
 
 
+def test_host_code_helpers_fed_by_a_plan_run_on_one_device_as_in_plain_jax():
+    """tests/scripts/train_then_host_math.py: a planned step's weights (split over our mesh) feed
+    a jitted ``pure_callback`` clip and a batched Cholesky. Run where the arguments are, on all 8
+    simulated devices, the callback made XLA gather the weights onto device 0 ("Involuntary full
+    rematerialization") while 7 devices waited (it can hang), and jaxlib < 0.11's batched LAPACK
+    can deadlock (a vmapped cholesky of a planned step's output: 6 s a step, plain 0.01 s). They
+    run on one device, as plain jax runs them, with the same numbers; the clipped weights go
+    back into the planned step (its one plan and executable)."""
+    from alpa_pass import _compat
+
+    plain, _, _ = _run("train_then_host_math.py")
+    out, run, stderr = _run("train_then_host_math.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert stderr.count("planned train_step on mesh 1x8") == 1 and run["compiles"]["train_step"] == 1, stderr
+    assert "Involuntary full rematerialization" not in stderr
+    assert out["devices"]["clipped"] == 1 and out["devices"]["w"] == 8, out["devices"]
+    if _compat.jax_version() < (0, 11):
+        assert out["devices"]["logdets"] == 1
+    for key in ("losses", "clip"):
+        np.testing.assert_allclose(out[key], plain[key], rtol=1e-5)
+    np.testing.assert_allclose(out["logdets"], plain["logdets"], rtol=1e-5)
+
+
 def test_a_recurrent_model_is_planned_and_compiled_once():
     """tests/scripts/train_flax_rnn.py (``nn.RNN`` over an LSTM cell, a bidirectional GRU: scans
     over time). Its step's second call, with the state committed to our mesh, is traced again

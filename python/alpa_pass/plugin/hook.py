@@ -21,7 +21,9 @@ state coming from a jitted init) are resharded on entry through jax's Python dis
 
 Arguments committed to the user's own sharding over all devices (a multi-host script's global
 batch, arrays ``jax.device_put`` on the user's mesh) are read as they are (``planner.user_pins``);
-committed to part of the devices, they keep the computation there, untouched.
+committed to part of the devices, they keep the computation there, untouched. An untouched
+computation that could hang XLA's CPU runtime on simulated devices (a host callback, jaxlib < 0.11's
+batched LAPACK) runs on one device even when a plan left its arguments on the plan's mesh.
 """
 from __future__ import annotations
 
@@ -145,7 +147,20 @@ class LoweringHook:
                     return self._for_arrival(entry, closed_jaxpr, in_shardings)
         log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
+        if reason != "inside alpa_pass planning" and any(self._ours(s) for s in in_shardings) and \
+                jax.process_count() == 1 and _hang_risk(closed_jaxpr):
+            # Arguments a plan left on its mesh would run it on every simulated device, and
+            # hang there (r3: a planned step's scalar into a vmapped cholesky: 6 s a step, plain
+            # 0.01 s). Lowered as plain jax lowers uncommitted arguments (on the default device,
+            # its results uncommitted: a later plan still takes them), they are moved there on
+            # entry (Python dispatch).
+            log.debug("alpa_pass: %s reads arguments on a plan's mesh; it runs on one device", fun_name)
+            in_shardings = tuple(_compat.unspecified() if self._ours(s) else s for s in in_shardings)
+            return _compat.python_dispatch(original(*args[:3], in_shardings, *args[4:], **kwargs))
         return original(*args, **kwargs)
+
+    def _ours(self, sharding) -> bool:
+        return not _compat.is_unspecified(sharding) and self.owns(sharding)
 
     def plan_in_flight(self, *args, **kwargs):
         """The planned computation for a lowering's arguments, or None when it is not planned
@@ -197,13 +212,7 @@ class LoweringHook:
             return f"user shardings inside ({', '.join(sorted(prims & SHARDING_PRIMITIVES))})"
         if not prims & HEAVY_PRIMITIVES:
             return "no dot or convolution (an initialiser or elementwise helper)"
-        if prims & HOST_CALLBACK_PRIMITIVES and _compat.simulated_cpu_devices() and \
-                _compat.jaxpr_primitive_names(closed_jaxpr, skip_cond_branches=True) & HOST_CALLBACK_PRIMITIVES:
-            return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
-        if prims & LAPACK_PRIMITIVES and _compat.batched_lapack_can_hang() and any(
-                e.primitive.name in LAPACK_PRIMITIVES and _batched(e) for e in _compat.jaxpr_eqns(closed_jaxpr)):
-            return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
-        return None
+        return _hang_risk(closed_jaxpr, prims)
 
     def _placed_apart(self, in_shardings) -> str | None:
         """Why arguments the user committed to part of the devices (``jax.device_put(x,
@@ -308,6 +317,21 @@ def mesh_identity(mesh) -> tuple:
     """A mesh's identity: its devices in order, axis names and shape (a user's mesh of the same
     devices and names in another shape is not ours)."""
     return tuple(d.id for d in mesh.devices.flat), tuple(mesh.axis_names), tuple(mesh.devices.shape)
+
+
+def _hang_risk(closed_jaxpr, prims=None) -> str | None:
+    """Why running ``closed_jaxpr`` on several simulated CPU devices at once can hang XLA's CPU
+    runtime, or None."""
+    if not _compat.simulated_cpu_devices():
+        return None
+    prims = _compat.jaxpr_primitive_names(closed_jaxpr) if prims is None else prims
+    if prims & HOST_CALLBACK_PRIMITIVES and \
+            _compat.jaxpr_primitive_names(closed_jaxpr, skip_cond_branches=True) & HOST_CALLBACK_PRIMITIVES:
+        return "a host callback on simulated CPU devices (XLA's CPU runtime can hang in it)"
+    if prims & LAPACK_PRIMITIVES and _compat.batched_lapack_can_hang() and any(
+            e.primitive.name in LAPACK_PRIMITIVES and _batched(e) for e in _compat.jaxpr_eqns(closed_jaxpr)):
+        return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
+    return None
 
 
 def _batched(eqn) -> bool:
