@@ -327,3 +327,29 @@ def test_hand_written_ops(text, dims, kind):
     if kind == OpKind.DOT:
         assert g.node_attrs(v) == [0, 1, 1, 0]
     assert np.all(g.operand_ids < g.num_nodes)
+
+
+def test_a_remat_offload_to_host_memory_keeps_the_values_layout():
+    """``save_and_offload_only_these_names`` (MaxText's offload remat): lowered for GPUs, the saved
+    activation goes to pinned host memory and back by ``annotate_device_placement`` custom calls,
+    each following its operand (a fallback replicated the [512, 1024] activation)."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["mid"],
+        offload_src="device", offload_dst="pinned_host")
+
+    def loss(w1, w2, x):
+        layer = jax.checkpoint(lambda x: checkpoint_name(jnp.tanh(x @ w1), "mid") @ w2,
+                               policy=policy)
+        return jnp.mean(layer(x) ** 2)
+
+    args = (jnp.ones((64, 1024)), jnp.ones((1024, 64)), jnp.ones((512, 64)))
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("@annotate_device_placement") == 2 and "pinned_host" in text
+    g = extract_graph(parse_module(text))
+    moves = _nodes(g, "stablehlo.custom_call")
+    assert len(moves) == 2 and g.fallbacks == {}
+    for v in moves:
+        assert g.kind[v] == OpKind.ELEMENTWISE and g.shape(v) == (512, 1024)
+        assert g.shape(g.operands(v)[0]) == (512, 1024)

@@ -106,6 +106,21 @@ def test_small_arguments_and_results_with_big_values_inside_are_planned():
     assert _reason(lambda w, c: render(w, c, N // 4), w, c).startswith("tiny: ")
 
 
+def test_a_training_loop_whose_batches_are_made_inside_its_scan_is_planned():
+    # (PureJaxRL's jax.jit(make_train(config))(key): a key in, losses out, the batch (rollouts)
+    # made inside the loop body; it was skipped as tiny, its values measured at the top level only)
+    def train(key, batch_rows):
+        def step(w, k):
+            x = jax.random.normal(k, (batch_rows, N // 4))
+            loss, g = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+            return w - 0.1 * g, loss
+        return jax.lax.scan(step, jnp.eye(N // 4), jax.random.split(key, 3))[1]
+
+    key = jax.random.key(0)
+    assert _reason(lambda k: train(k, 16 * N), key) is None  # a 1 MiB batch inside the body
+    assert _reason(lambda k: train(k, N // 4), key).startswith("tiny: ")
+
+
 def test_a_jax_function_called_eagerly_runs_untouched(w):
     # (flax initialisers call jnp.einsum outside any jit: jax compiles it as a jit named _einsum)
     x = jnp.ones((4, 2, N))
@@ -146,3 +161,25 @@ def test_arguments_committed_to_part_of_the_devices_keep_it_there():
     assert hook._placed_apart([_compat.unspecified(), one]) == "arguments committed to 1 of the 8 devices"
     assert hook._placed_apart([half, whole]) == "arguments committed to 4 of the 8 devices"
     assert hook._placed_apart([_compat.unspecified(), whole]) is None
+
+
+def test_a_remat_offload_policy_is_not_a_user_sharding(w):
+    # (the policy's device_puts name memory spaces, not devices: the whole step ran untouched as
+    # "user shardings inside (device_put)"); a device_put to a device still is one
+    from jax.ad_checkpoint import checkpoint_name
+
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["mid"],
+        offload_src="device", offload_dst="pinned_host")
+
+    def step(w, x):
+        def loss(w):
+            layer = jax.checkpoint(lambda x: checkpoint_name(jnp.tanh(x @ w), "mid") @ w, policy=policy)
+            return jnp.mean(layer(x) ** 2)
+        return w - 0.1 * jax.grad(loss)(w)
+
+    prims = [e.primitive.name for e in _compat.jaxpr_eqns(jax.make_jaxpr(step)(w, w))]
+    assert prims.count("device_put") == 2
+    assert _reason(step, w, w) is None
+    assert _reason(lambda w, x: jax.device_put(step(w, x), jax.devices()[1]), w, w) == \
+        "user shardings inside (device_put)"

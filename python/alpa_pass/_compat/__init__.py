@@ -334,9 +334,18 @@ def jaxpr_primitive_names(closed_jaxpr, *, skip_cond_branches: bool = False) -> 
     cond, ...) included; with ``skip_cond_branches``, without the branches of ``cond`` (code that
     runs only when a predicate says so, e.g. Equinox's ``error_if`` callback that raises on a NaN).
 
-    ``device_put`` counts only when it names a device or sharding (not a plain copy)."""
+    ``device_put`` counts only when it names a device or sharding (not a plain copy, nor a move
+    between memory spaces: remat's host-offload policies put saved activations to pinned host
+    memory and back)."""
     return {eqn.primitive.name for eqn in jaxpr_eqns(closed_jaxpr, skip_cond_branches=skip_cond_branches)
-            if eqn.primitive.name != "device_put" or any(d is not None for d in eqn.params.get("devices", ()))}
+            if eqn.primitive.name != "device_put" or any(_places(d) for d in eqn.params.get("devices", ()))}
+
+
+def _places(target) -> bool:
+    """Whether a ``device_put`` target names devices: a device, a sharding, or a layout ``Format``
+    with a sharding (a memory space, jax's ``MemorySpace`` or a memory-kind transfer, does not)."""
+    return isinstance(target, (jax.Device, jax.sharding.Sharding)) or \
+        isinstance(getattr(target, "sharding", None), jax.sharding.Sharding)
 
 
 def jaxpr_eqns(closed_jaxpr, *, skip_cond_branches: bool = False):

@@ -154,13 +154,23 @@ def _sdy_rule(op):
     return tensors(m.group(1)), tensors(m.group(2)), special
 
 
+# Moves between memory spaces (remat's host-offload policies, ``jax.device_put`` to
+# ``pinned_host``): the value itself, in whatever layout it has, on another memory.
+_PLACEMENT_TARGETS = frozenset({"annotate_device_placement", "MoveToHost", "MoveToDevice"})
+
+
 def _custom_call(op, ins):
     """A custom call whose factors jax declares (``sdy.sharding_rule``: its LAPACK / cuSOLVER calls,
     ``custom_partitioning`` ops with a rule), which XLA's partitioner runs per shard of them.
     ELEMENTWISE per result: the leading dims where every operand and result carries the same
     factor are batch dims (``-2, k``: shared with operands of any rank); a later dim is splittable
     where some operand carries its factor, every operand of the result's rank carries it there
-    too, and it is no reduction / replication / permutation factor. Other custom calls: None."""
+    too, and it is no reduction / replication / permutation factor. A memory-space move: its
+    operand's layout. Other custom calls: None."""
+    target = op.attributes["call_target_name"] if "call_target_name" in op.attributes else None
+    if target is not None and ir.StringAttr(target).value in _PLACEMENT_TARGETS and \
+            [shape_of(v) for v in op.operands] == [shape_of(v) for v in op.results]:
+        return _pass_through(op, ins)
     rule = _sdy_rule(op)
     if rule is None:
         return None

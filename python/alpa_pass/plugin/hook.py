@@ -200,8 +200,10 @@ class LoweringHook:
             return "a single operation (eager op)"
         size = sum(_aval_bytes(a) for a in (*closed_jaxpr.in_avals, *closed_jaxpr.out_avals))
         if size < self.config.min_bytes:
-            # (a render or eval step that reduces big activations to a small result is not tiny)
-            largest = max((_aval_bytes(v.aval) for e in eqns for v in e.outvars), default=0)
+            # (a render or eval step that reduces big activations to a small result is not tiny;
+            # nor a whole training loop in one jit whose batches are made inside its scan body)
+            largest = max((_aval_bytes(v.aval) for e in _compat.jaxpr_eqns(closed_jaxpr) for v in e.outvars),
+                          default=0)
             if largest < self.config.min_bytes:
                 return (f"tiny: {size} bytes of arguments and results, values of at most {largest} bytes "
                         f"< {self.config.min_bytes}")
