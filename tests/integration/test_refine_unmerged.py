@@ -156,3 +156,35 @@ def test_a_reshape_that_gathers_inside_the_op_is_refined():
     args = [jax.device_put(a, NamedSharding(jmesh, s)) for a, s in zip((w, h), plan.input_specs)]
     assert plan.input_specs[0] == P(None, "y")
     np.testing.assert_allclose(float(exe(*args)), float(jax.jit(_beam_scores)(w, h)), rtol=1e-5)
+
+
+def test_the_merged_plan_of_runs_vmapped_over_seeds_splits_the_seeds():
+    """PureJaxRL's ``jax.jit(jax.vmap(train))(keys)``: 8 independent runs, each initialising its
+    weights from its key and training them in a scan. Splitting the seed dim over the whole mesh
+    needs no communication. The merged ILP could not: threefry's ``counts + key`` (both broadcast;
+    the counts [64, 64] to [8, 64, 64]) followed the counts, so the init, the scan's carries and
+    the weights of every run were one group without a seed split (the PPO of the probe: merged
+    objective 5.9e6 on 2x4, too big to refine unmerged; the core's ``narrowed_by_broadcast``)."""
+    import optax
+
+    tx = optax.adam(1e-3)
+
+    def train(key):
+        k1, k2 = jax.random.split(key)
+        w = {"a": jax.random.normal(k1, (64, 64)) * 0.1, "b": jax.random.normal(k2, (64, 2)) * 0.1}
+
+        def step(carry, k):
+            w, o = carry
+            x = jax.random.normal(k, (1024, 64))
+            loss, g = jax.value_and_grad(lambda w: jnp.mean((jnp.tanh(x @ w["a"]) @ w["b"]) ** 2))(w)
+            u, o = tx.update(g, o, w)
+            return (optax.apply_updates(w, u), o), loss
+
+        return jax.lax.scan(step, (w, tx.init(w)), jax.random.split(key, 4))[1]
+
+    keys = jax.random.split(jax.random.key(0), 8)
+    plan, graph, _ = make_plan(jax.vmap(train), (keys,), MESH, ap.AutoShardingOption(refine_unmerged=False))
+    assert plan.predicted["communication"] == plan.predicted["resharding"] == 0, plan.predicted
+    carries = [v for v in range(graph.num_nodes) if graph.op_names[v] == "stablehlo.while"
+               and graph.shape(v) == (8, 64, 64)]
+    assert carries and all(list(plan.node_specs[v]) == [0, 0] for v in carries)  # seeds over x and y

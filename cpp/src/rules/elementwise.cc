@@ -30,9 +30,33 @@ int64_t leader_weight(const RuleContext& ctx, int64_t u) {
   return ns.leader_weight >= 0 ? ns.leader_weight : static_cast<int64_t>(ns.list.size());
 }
 
+// Whether following u limits a node to the specs of a smaller tensor: u's merged group runs
+// through a BROADCAST that makes a dim (of size > 1) its operand does not have, a dim no strategy of
+// the group can split. (jax.vmap(init) over 8 seeds: threefry's `counts + key`, both broadcast, the
+// counts [64, 64] to [8, 64, 64]; the add followed the counts, and with it the whole init, the
+// training loops' carries and every weight of the 8 runs could not split the seed dim: 2x4 planned
+// 5.9e6 where splitting the seeds costs nothing.)
+bool narrowed_by_broadcast(const RuleContext& ctx, int64_t u) {
+  const Graph& g = ctx.graph;
+  for (; u >= 0; u = ctx.done[u].follow) {
+    if (g.op_kind(u) != OpKind::kBroadcast) continue;
+    const Dims dims = decode_broadcast_attrs(g.node_attrs(u)).broadcast_dims;
+    const auto in = g.shape(g.operands(u)[0]), out = g.shape(u);
+    std::vector<bool> mapped(out.size(), false);
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (in[i] == out[dims[i]]) mapped[dims[i]] = true;
+    }
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (!mapped[d] && out[d] > 1) return true;
+    }
+  }
+  return false;
+}
+
 // The operand to follow, or -1. Candidates have the result's exact shape and more than one
-// strategy; preferred in order: not a BROADCAST, not a PARAMETER, most strategies (leader_weight);
-// among equals, one whose group is not rooted at a parameter, then the LAST operand.
+// strategy, and their groups can split every dim of it (not narrowed_by_broadcast); preferred in
+// order: not a BROADCAST, not a PARAMETER, most strategies (leader_weight); among equals, one whose
+// group is not rooted at a parameter, then the LAST operand.
 //
 // The tie-break decides whole chains, so it is measured, not cosmetic (merged optima, unit costs):
 // - a residual add `x + proj(h)` follows the branch just computed, not the stream: with the first
@@ -53,7 +77,7 @@ int64_t pick_leader(const RuleContext& ctx, int64_t v) {
   for (int64_t u : g.operands(v)) {
     if (g.rank(u) == 0) continue;
     if (!same_shape(g, u, v)) return -1;  // slice, pad, concatenate: not 1:1
-    if (single_strategy(ctx, u)) continue;
+    if (single_strategy(ctx, u) || narrowed_by_broadcast(ctx, u)) continue;
     const std::tuple<bool, bool, int64_t> key{g.op_kind(u) == OpKind::kBroadcast,
                                               g.op_kind(u) == OpKind::kParameter,
                                               -leader_weight(ctx, u)};
