@@ -244,3 +244,46 @@ def test_a_scanned_moe_stack_compiles_without_rematerialization():
     with capture_stderr() as log:
         plan_and_compile(step, (state, x, x), ap.LogicalMesh(shape=(2, 4)), ap.AutoShardingOption())
     assert remat_warnings(log[0]) == []
+
+
+def test_a_per_example_pick_by_arange_is_a_batched_gather():
+    """``q[jnp.arange(B), actions]`` (DQN's Q of the taken action; mctx's tree lookups): jax
+    indexes the batch dim by an iota. Read literally, the batch dim of q is indexed at run time:
+    the plan could only gather it vocab-parallel (all-reduced) or replicated. Read (extraction) and
+    written (emission) as a batching dim pair, the gather and its gradient's scatter split the
+    batch like the rest of the step: one all-reduce (the weights' gradients), numbers as jax.jit."""
+    import numpy as np
+    from alpa_pass.extract.stablehlo import extract_graph, parse_module
+    from alpa_pass import _core
+
+    B, D, H, A = 4096, 16, 64, 4  # (data parallel is much cheaper than splitting H here)
+
+    def step(params, x, actions, target):
+        def loss(p):
+            q = jnp.maximum(x @ p["w1"], 0.0) @ p["w2"]
+            return jnp.mean((q[jnp.arange(B), actions] - target) ** 2)
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((D, H)).astype(np.float32) / 8,
+              "w2": rng.standard_normal((H, A)).astype(np.float32) / 16}
+    args = (params, rng.standard_normal((B, D)).astype(np.float32), rng.integers(0, A, B).astype(np.int32),
+            rng.standard_normal(B).astype(np.float32))
+    graph = extract_graph(parse_module(jax.jit(step).lower(*args).as_text()))
+    (gather,) = [v for v in range(graph.num_nodes) if graph.op_names[v] == "stablehlo.gather"]
+    (scatter,) = [v for v in range(graph.num_nodes) if graph.op_names[v] == "stablehlo.scatter"]
+    g, s = _core.decode_gather_attrs(graph.node_attrs(gather)), _core.decode_scatter_attrs(graph.node_attrs(scatter))
+    assert (g.operand_batching_dims, g.start_indices_batching_dims, g.start_index_map) == ([0], [0], [1])
+    assert (s.input_batching_dims, s.scatter_indices_batching_dims, s.scatter_dims_to_operand_dims) == ([0], [0], [1])
+
+    plan, compiled = plan_and_compile(step, args, ap.LogicalMesh(shape=(1, 8)), ap.AutoShardingOption())
+    assert plan.emit_report.batched_indexing == 2
+    picks = [c for c in plan.choices if c.kind in ("GATHER", "SCATTER")]
+    assert [str(c.spec) for c in picks] == ["P('y',)", "P('y', None)"], picks
+    counts = {k: v["count"] for k, v in summarize(list_collectives(compiled.as_text())).items()}
+    assert counts == {"all-reduce": 1, "all-gather": 0, "all-to-all": 0, "reduce-scatter": 0,
+                      "collective-permute": 0}, counts
+    got, want = compiled(*args), jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

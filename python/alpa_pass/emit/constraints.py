@@ -34,7 +34,8 @@ class EmitReport:
     ``reduce_scattered``: partial sums rewritten to reduce-scatters (``emit.plan_emission``);
     ``accumulators``: loop-carried gradient sums kept per shard and reduced once after their loop
     (``emit.accumulation``); ``manual_ops``: batch-split FFTs run per shard (``emit.manual_ops``);
-    ``branch_callbacks``: pure host callbacks on a branch run on every device (``emit.callbacks``)."""
+    ``branch_callbacks``: pure host callbacks on a branch run on every device (``emit.callbacks``);
+    ``batched_indexing``: iota-indexed gathers / scatters given batching dims (``emit.batched_indexing``)."""
 
     inserted: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
@@ -42,6 +43,7 @@ class EmitReport:
     accumulators: int = 0
     manual_ops: int = 0
     branch_callbacks: int = 0
+    batched_indexing: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n

@@ -4,7 +4,8 @@ Input IR state: a Shardy module with the same ops as the one the plan's graph wa
 lowered with the plan's input/output shardings (or given them by ``emit.entry_shardings``).
 Output IR state: every call path with its own callee (``emit.calls``), every planned value
 constrained (``emit.constraints``), resharded uses pinned
-(``emit.targets.operand_targets``), with ``prefer_reduce_scatter``, parameter-gradient partial
+(``emit.targets.operand_targets``), gathers and scatters indexed by an iota over the batch given
+batching dims (``emit.batched_indexing``), with ``prefer_reduce_scatter``, parameter-gradient partial
 sums rewritten to explicit reduce-scatters (``emit.reduce_scatter``), and gradient accumulators of
 top-level loops carried as per-shard partial sums, reduced once after the loop
 (``emit.accumulation``). Every front door (the jit
@@ -17,6 +18,7 @@ import logging
 from jaxlib.mlir import ir
 
 from alpa_pass.emit.accumulation import rewrite_accumulations
+from alpa_pass.emit.batched_indexing import batch_iota_indexing
 from alpa_pass.emit.calls import specialize_callees
 from alpa_pass.emit.callbacks import replicate_branch_callbacks
 from alpa_pass.emit.constraints import EmitReport, insert_constraints
@@ -41,6 +43,7 @@ def emit_plan(module: ir.Module, graph: OpGraph, plan, option: AutoShardingOptio
                                 operand_dim_shardings=operand_targets(graph, plan, mesh),
                                 axis_order=tuple(plan.axis_order) or None,
                                 operand_steps=operand_steps(graph, plan, mesh))
+    report.batched_indexing = batch_iota_indexing(module)  # (x[arange(B), labels]: as planned, batched)
     report.manual_ops = wrap_manual_ops(module, mesh_name)  # (batch-split FFTs XLA would replicate)
     report.branch_callbacks = replicate_branch_callbacks(module, mesh_name)  # (an error path raises on all)
     if located:
