@@ -49,6 +49,27 @@ def test_a_trace_under_the_mesh_folds_to_the_first_trace():
     np.testing.assert_allclose(jaxpr_as_fun(folded)(w, xs)[0], want, rtol=1e-6)
 
 
+def test_silu_in_a_scan_body_folds_to_the_first_trace():
+    """``jax.nn.silu`` (a nested jit) in a scan body: traced again under the mesh, the jvp's ``1.0``
+    is made by a reshard inside a jit outside the scan, returned from it, passed through the scan
+    into silu's jvp jit: folded, it goes back into that jit's body (the plugin planned and compiled
+    such a step twice, flax / Equinox SwiGLU stacks scanned over layers)."""
+    def loss(w, x):
+        return jnp.mean(jax.lax.scan(lambda h, wl: (jax.nn.silu(h @ wl), None), x, w)[0] ** 2)
+
+    w, x = jnp.ones((2, 16, 16)) * 0.1, jnp.linspace(0, 1, 8 * 16).reshape(8, 16)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+    g = jax.grad(loss)
+    first = jax.make_jaxpr(g)(w, x)
+    again = jax.make_jaxpr(g)(jax.device_put(w, NamedSharding(mesh, P(None, None, "y"))),
+                              jax.device_put(x, NamedSharding(mesh, P("x"))))
+    folded = _compat.fold_retraced_mesh_ops(again)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+    assert _lowered(again, avals) != _lowered(first, avals)
+    assert _lowered(folded, avals) == _lowered(first, avals)
+    np.testing.assert_allclose(jaxpr_as_fun(folded)(w, x)[0], g(w, x), rtol=1e-6)
+
+
 @pytest.mark.parametrize("operand", ["value", "array constant"])
 def test_other_reshards_are_kept(operand):
     """Only a reshard of a scalar literal is folded: one of a computed value or of a non-scalar

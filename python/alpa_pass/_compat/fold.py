@@ -22,9 +22,14 @@ def fold_retraced_mesh_ops(closed_jaxpr):
       own dtype (``_possible_downcast``), and the cotangent of a ``jax.vjp`` called with
       ``jnp.ones(())`` as ``reduce_sum[axes=()]`` (K-FAC's sampled-Fisher vjp): each such identity
       op is replaced by its operand.
+    A nested jit (``jax.nn.silu``'s) whose folded body returns such a literal gives it to its
+    caller instead, and one called with such a literal takes it into its body (silu in a scan
+    body: the retrace passed the jvp's ``1.0`` from a jit through the scan into silu's jvp).
     The same computation as the first trace, in a different program; folded, both traces lower to
     the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
     from jax.extend import core
+
+    made = set()  # id() of the literals folding made (kept alive by the jaxprs holding them)
 
     def fold(jaxpr):
         env, eqns, changed = {}, [], False
@@ -32,21 +37,29 @@ def fold_retraced_mesh_ops(closed_jaxpr):
             invars = [env.get(v, v) if isinstance(v, core.Var) else v for v in eqn.invars]
             if (eqn.primitive.name == "reshard" and len(invars) == 1 and isinstance(invars[0], core.Literal)
                     and eqn.outvars[0].aval.shape == ()):
-                env[eqn.outvars[0]] = core.Literal(invars[0].val, eqn.outvars[0].aval)
+                env[eqn.outvars[0]] = literal = core.Literal(invars[0].val, eqn.outvars[0].aval)
+                made.add(id(literal))
                 changed = True
                 continue
             if _identity_op(eqn, invars):
                 env[eqn.outvars[0]] = invars[0]
                 changed = True
                 continue
-            params, inlined = eqn.params, None
+            params, inlined, outvars = eqn.params, None, list(eqn.outvars)
             if eqn.primitive.name == "scan" and any(isinstance(v, core.Literal) for v in invars):
                 inlined = _inline_scan_literals(params, invars)
                 if inlined is not None:
                     params, invars = inlined
+            if eqn.primitive.name == "jit" and any(isinstance(v, core.Literal) and id(v) in made for v in invars):
+                inlined = params, invars = _inline_jit_literals(params, invars, made)
             params, sub_changed = _fold_params(params, fold)  # (after inlining: nested scans see them)
+            if eqn.primitive.name == "jit" and sub_changed:
+                dropped = _drop_literal_results(params, outvars, made)
+                if dropped is not None:
+                    params, outvars, bound = dropped
+                    env.update(bound)
             if inlined is not None or sub_changed or invars != list(eqn.invars):
-                eqn = eqn.replace(invars=invars, params=params)
+                eqn = eqn.replace(invars=invars, params=params, outvars=outvars)
                 changed = True
             eqns.append(eqn)
         if not changed:
@@ -113,6 +126,46 @@ def _fold_params(params: dict, fold) -> tuple[dict, bool]:
             if c:
                 out[k], changed = new, True
     return out, changed
+
+
+def _inline_jit_literals(params: dict, invals: list, made: set):
+    """(params, operands) of a nested jit with the literals folding made substituted into its body
+    and dropped from its operands (and from its per-operand shardings, layouts, donations)."""
+    from jax.extend import core
+
+    drop = [i for i, v in enumerate(invals) if isinstance(v, core.Literal) and id(v) in made]
+    closed = params["jaxpr"]
+    inner = closed.jaxpr
+    sub = {inner.invars[i]: invals[i] for i in drop}
+    eqns = [e.replace(invars=[sub.get(v, v) if isinstance(v, core.Var) else v for v in e.invars])
+            for e in inner.eqns]
+    outvars = [sub.get(v, v) if isinstance(v, core.Var) else v for v in inner.outvars]
+    inner = inner.replace(invars=[v for i, v in enumerate(inner.invars) if i not in drop], eqns=eqns,
+                          outvars=outvars)
+    out = dict(params, jaxpr=closed.replace(jaxpr=inner))
+    for key in ("in_shardings", "in_layouts", "donated_invars"):
+        if key in params:
+            out[key] = tuple(x for i, x in enumerate(params[key]) if i not in drop)
+    return out, [v for i, v in enumerate(invals) if i not in drop]
+
+
+def _drop_literal_results(params: dict, outvars: list, made: set):
+    """(params, outvars, {caller var: literal}) of a nested jit whose folded body returns literals
+    folding made: the caller reads those literals and the jit no longer returns them; or None."""
+    from jax.extend import core
+
+    closed = params["jaxpr"]
+    inner = closed.jaxpr
+    drop = [i for i, v in enumerate(inner.outvars) if isinstance(v, core.Literal) and id(v) in made]
+    if not drop:
+        return None
+    bound = {outvars[i]: inner.outvars[i] for i in drop}
+    inner = inner.replace(outvars=[v for i, v in enumerate(inner.outvars) if i not in drop])
+    out = dict(params, jaxpr=closed.replace(jaxpr=inner))
+    for key in ("out_shardings", "out_layouts"):
+        if key in params:
+            out[key] = tuple(x for i, x in enumerate(params[key]) if i not in drop)
+    return out, [v for i, v in enumerate(outvars) if i not in drop], bound
 
 
 def _inline_scan_literals(params: dict, invals: list):
