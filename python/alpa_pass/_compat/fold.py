@@ -22,14 +22,13 @@ def fold_retraced_mesh_ops(closed_jaxpr):
       own dtype (``_possible_downcast``), and the cotangent of a ``jax.vjp`` called with
       ``jnp.ones(())`` as ``reduce_sum[axes=()]`` (K-FAC's sampled-Fisher vjp): each such identity
       op is replaced by its operand.
-    A nested jit (``jax.nn.silu``'s) whose folded body returns such a literal gives it to its
-    caller instead, and one called with such a literal takes it into its body (silu in a scan
-    body: the retrace passed the jvp's ``1.0`` from a jit through the scan into silu's jvp).
+    Either trace may pass a constant between nested jits where the other has it in place (silu in
+    a scan body: the retrace made the jvp's ``1.0`` in a jit and passed it through the scan into
+    silu's jvp; flax NNX's step passes a literal to a jit in both): a nested jit's literal results
+    go to its caller and its literal operands into its body, in every trace.
     The same computation as the first trace, in a different program; folded, both traces lower to
     the same module (an LSTM's step, a diffrax neural ODE's, planned once)."""
     from jax.extend import core
-
-    made = set()  # id() of the literals folding made (kept alive by the jaxprs holding them)
 
     def fold(jaxpr):
         env, eqns, changed = {}, [], False
@@ -37,8 +36,7 @@ def fold_retraced_mesh_ops(closed_jaxpr):
             invars = [env.get(v, v) if isinstance(v, core.Var) else v for v in eqn.invars]
             if (eqn.primitive.name == "reshard" and len(invars) == 1 and isinstance(invars[0], core.Literal)
                     and eqn.outvars[0].aval.shape == ()):
-                env[eqn.outvars[0]] = literal = core.Literal(invars[0].val, eqn.outvars[0].aval)
-                made.add(id(literal))
+                env[eqn.outvars[0]] = core.Literal(invars[0].val, eqn.outvars[0].aval)
                 changed = True
                 continue
             if _identity_op(eqn, invars):
@@ -50,15 +48,15 @@ def fold_retraced_mesh_ops(closed_jaxpr):
                 inlined = _inline_scan_literals(params, invars)
                 if inlined is not None:
                     params, invars = inlined
-            if eqn.primitive.name == "jit" and any(isinstance(v, core.Literal) and id(v) in made for v in invars):
-                inlined = params, invars = _inline_jit_literals(params, invars, made)
+            if eqn.primitive.name == "jit" and any(isinstance(v, core.Literal) for v in invars):
+                inlined = params, invars = _inline_jit_literals(params, invars)
             params, sub_changed = _fold_params(params, fold)  # (after inlining: nested scans see them)
-            if eqn.primitive.name == "jit" and sub_changed:
-                dropped = _drop_literal_results(params, outvars, made)
+            if eqn.primitive.name == "jit":
+                dropped = _drop_literal_results(params, outvars)
                 if dropped is not None:
                     params, outvars, bound = dropped
                     env.update(bound)
-            if inlined is not None or sub_changed or invars != list(eqn.invars):
+            if inlined is not None or sub_changed or invars != list(eqn.invars) or outvars != list(eqn.outvars):
                 eqn = eqn.replace(invars=invars, params=params, outvars=outvars)
                 changed = True
             eqns.append(eqn)
@@ -128,12 +126,12 @@ def _fold_params(params: dict, fold) -> tuple[dict, bool]:
     return out, changed
 
 
-def _inline_jit_literals(params: dict, invals: list, made: set):
-    """(params, operands) of a nested jit with the literals folding made substituted into its body
-    and dropped from its operands (and from its per-operand shardings, layouts, donations)."""
+def _inline_jit_literals(params: dict, invals: list):
+    """(params, operands) of a nested jit with its literal operands substituted into its body and
+    dropped from its operands (and from its per-operand shardings, layouts, donations)."""
     from jax.extend import core
 
-    drop = [i for i, v in enumerate(invals) if isinstance(v, core.Literal) and id(v) in made]
+    drop = [i for i, v in enumerate(invals) if isinstance(v, core.Literal)]
     closed = params["jaxpr"]
     inner = closed.jaxpr
     sub = {inner.invars[i]: invals[i] for i in drop}
@@ -149,14 +147,14 @@ def _inline_jit_literals(params: dict, invals: list, made: set):
     return out, [v for i, v in enumerate(invals) if i not in drop]
 
 
-def _drop_literal_results(params: dict, outvars: list, made: set):
-    """(params, outvars, {caller var: literal}) of a nested jit whose folded body returns literals
-    folding made: the caller reads those literals and the jit no longer returns them; or None."""
+def _drop_literal_results(params: dict, outvars: list):
+    """(params, outvars, {caller var: literal}) of a nested jit whose (folded) body returns
+    literals: the caller reads those literals and the jit no longer returns them; or None."""
     from jax.extend import core
 
     closed = params["jaxpr"]
     inner = closed.jaxpr
-    drop = [i for i, v in enumerate(inner.outvars) if isinstance(v, core.Literal) and id(v) in made]
+    drop = [i for i, v in enumerate(inner.outvars) if isinstance(v, core.Literal)]
     if not drop:
         return None
     bound = {outvars[i]: inner.outvars[i] for i in drop}
