@@ -16,7 +16,6 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 
-
 def batching_components(indices, index_vector_dim: int, index_map, picked,
                         operand_shape) -> list[tuple[int, int, int]]:
     """``(component j, operand dim o, indices dim d)`` for each index component that is an iota
