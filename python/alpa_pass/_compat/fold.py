@@ -133,18 +133,22 @@ def _inline_jit_literals(params: dict, invals: list):
 
     drop = [i for i, v in enumerate(invals) if isinstance(v, core.Literal)]
     closed = params["jaxpr"]
-    inner = closed.jaxpr
-    sub = {inner.invars[i]: invals[i] for i in drop}
-    eqns = [e.replace(invars=[sub.get(v, v) if isinstance(v, core.Var) else v for v in e.invars])
-            for e in inner.eqns]
-    outvars = [sub.get(v, v) if isinstance(v, core.Var) else v for v in inner.outvars]
-    inner = inner.replace(invars=[v for i, v in enumerate(inner.invars) if i not in drop], eqns=eqns,
-                          outvars=outvars)
-    out = dict(params, jaxpr=closed.replace(jaxpr=inner))
+    out = dict(params, jaxpr=closed.replace(jaxpr=_substituted(closed.jaxpr, drop, invals)))
     for key in ("in_shardings", "in_layouts", "donated_invars"):
         if key in params:
             out[key] = tuple(x for i, x in enumerate(params[key]) if i not in drop)
     return out, [v for i, v in enumerate(invals) if i not in drop]
+
+
+def _substituted(jaxpr, drop: list, values: list):
+    """``jaxpr`` with its invars at positions ``drop`` replaced by ``values`` there, and removed."""
+    from jax.extend import core
+
+    sub = {jaxpr.invars[i]: values[i] for i in drop}
+    eqns = [e.replace(invars=[sub.get(v, v) if isinstance(v, core.Var) else v for v in e.invars])
+            for e in jaxpr.eqns]
+    outvars = [sub.get(v, v) if isinstance(v, core.Var) else v for v in jaxpr.outvars]
+    return jaxpr.replace(invars=[v for i, v in enumerate(jaxpr.invars) if i not in drop], eqns=eqns, outvars=outvars)
 
 
 def _drop_literal_results(params: dict, outvars: list):
@@ -178,13 +182,7 @@ def _inline_scan_literals(params: dict, invals: list):
     if not drop:
         return None
     body = params["jaxpr"]
-    inner = getattr(body, "jaxpr", body)
-    sub = {inner.invars[i]: consts[i] for i in drop}
-    eqns = [e.replace(invars=[sub.get(v, v) if isinstance(v, core.Var) else v for v in e.invars])
-            for e in inner.eqns]
-    outvars = [sub.get(v, v) if isinstance(v, core.Var) else v for v in inner.outvars]
-    inner = inner.replace(invars=[v for i, v in enumerate(inner.invars) if i not in drop], eqns=eqns,
-                          outvars=outvars)
+    inner = _substituted(getattr(body, "jaxpr", body), drop, consts)
     kept = [c for i, c in enumerate(consts) if i not in drop]
     out = dict(params, jaxpr=body.replace(jaxpr=inner) if isinstance(body, core.ClosedJaxpr) else inner)
     if "num_consts" in params:

@@ -20,7 +20,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from alpa_pass.errors import EmitError
-from alpa_pass.extract.iota_indices import batching_components, shape_of
+from alpa_pass.extract.iota_indices import batched_numbers, shape_of
 
 
 def batch_iota_indexing(module: ir.Module) -> int:
@@ -33,7 +33,7 @@ def batch_iota_indexing(module: ir.Module) -> int:
     with module.context:
         for op in ops:
             with ir.Location.unknown():
-                count += _rewrite_gather(op) if op.name == "stablehlo.gather" else _rewrite_scatter(op)
+                count += _rewrite(op)
     if count:
         try:
             module.operation.verify()
@@ -51,43 +51,29 @@ def _collect(op, out: list) -> None:
                 _collect(inner.operation, out)
 
 
-def _rewrite_gather(op) -> int:
-    dn = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
-    sizes = [int(x) for x in op.attributes["slice_sizes"]]
-    collapsed = list(dn.collapsed_slice_dims)
-    found = batching_components(op.operands[1], dn.index_vector_dim, list(dn.start_index_map),
-                                [d for d in collapsed if sizes[d] == 1], shape_of(op.operands[0]))
-    kept = [j for j in range(len(dn.start_index_map)) if j not in {f[0] for f in found}]
-    if not found or not kept:
+def _rewrite(op) -> int:
+    gather = op.name == "stablehlo.gather"
+    key = "dimension_numbers" if gather else "scatter_dimension_numbers"
+    dn = (stablehlo.GatherDimensionNumbers if gather else stablehlo.ScatterDimensionNumbers)(op.attributes[key])
+    numbers = (dn.start_index_map, dn.collapsed_slice_dims, dn.operand_batching_dims, dn.start_indices_batching_dims) \
+        if gather else (dn.scattered_dims_to_operand_dims, dn.inserted_window_dims, dn.input_batching_dims,
+                        dn.scatter_indices_batching_dims)
+    batched = batched_numbers(op.operands[1], dn.index_vector_dim, *numbers, shape_of(op.operands[0]))
+    if batched is None:
         return 0
-    pairs = sorted([*zip(dn.operand_batching_dims, dn.start_indices_batching_dims), *((o, d) for _, o, d in found)])
+    kept, picked, index_map, batching, indices_batching = batched
     with ir.InsertionPoint(op):
         op.operands[1] = _components(op.operands[1], dn.index_vector_dim, kept)
-    op.attributes["dimension_numbers"] = stablehlo.GatherDimensionNumbers.get(
-        offset_dims=list(dn.offset_dims),
-        collapsed_slice_dims=[d for d in collapsed if d not in {o for _, o, _ in found}],
-        operand_batching_dims=[o for o, _ in pairs], start_indices_batching_dims=[d for _, d in pairs],
-        start_index_map=[dn.start_index_map[j] for j in kept], index_vector_dim=dn.index_vector_dim)
-    return 1
-
-
-def _rewrite_scatter(op) -> int:
-    dn = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
-    inserted = list(dn.inserted_window_dims)
-    found = batching_components(op.operands[1], dn.index_vector_dim, list(dn.scattered_dims_to_operand_dims),
-                                inserted, shape_of(op.operands[0]))
-    kept = [j for j in range(len(dn.scattered_dims_to_operand_dims)) if j not in {f[0] for f in found}]
-    if not found or not kept:
-        return 0
-    pairs = sorted([*zip(dn.input_batching_dims, dn.scatter_indices_batching_dims), *((o, d) for _, o, d in found)])
-    with ir.InsertionPoint(op):
-        op.operands[1] = _components(op.operands[1], dn.index_vector_dim, kept)
-    op.attributes["scatter_dimension_numbers"] = stablehlo.ScatterDimensionNumbers.get(
-        update_window_dims=list(dn.update_window_dims),
-        inserted_window_dims=[d for d in inserted if d not in {o for _, o, _ in found}],
-        input_batching_dims=[o for o, _ in pairs], scatter_indices_batching_dims=[d for _, d in pairs],
-        scattered_dims_to_operand_dims=[dn.scattered_dims_to_operand_dims[j] for j in kept],
-        index_vector_dim=dn.index_vector_dim)
+    if gather:
+        op.attributes[key] = stablehlo.GatherDimensionNumbers.get(
+            offset_dims=list(dn.offset_dims), collapsed_slice_dims=picked, operand_batching_dims=batching,
+            start_indices_batching_dims=indices_batching, start_index_map=index_map,
+            index_vector_dim=dn.index_vector_dim)
+    else:
+        op.attributes[key] = stablehlo.ScatterDimensionNumbers.get(
+            update_window_dims=list(dn.update_window_dims), inserted_window_dims=picked,
+            input_batching_dims=batching, scatter_indices_batching_dims=indices_batching,
+            scattered_dims_to_operand_dims=index_map, index_vector_dim=dn.index_vector_dim)
     return 1
 
 

@@ -16,6 +16,21 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 
+def batched_numbers(indices, index_vector_dim: int, index_map, picked, batching, indices_batching,
+                    operand_shape):
+    """The dimension numbers of a gather (scatter) with its iota components as batching pairs:
+    ``(kept components, picked dims left, index map of the kept components, operand batching dims,
+    indices batching dims)`` (pairs sorted by operand dim), or None when there is no such
+    component or no other (``picked``: the collapsed or inserted operand dims)."""
+    found = batching_components(indices, index_vector_dim, index_map, picked, operand_shape)
+    kept = [j for j in range(len(index_map)) if j not in {j for j, _, _ in found}]
+    if not found or not kept:
+        return None
+    pairs = sorted([*zip(batching, indices_batching), *((o, d) for _, o, d in found)])
+    return (kept, [int(d) for d in picked if d not in {o for _, o, _ in found}], [int(index_map[j]) for j in kept],
+            [int(o) for o, _ in pairs], [int(d) for _, d in pairs])
+
+
 def batching_components(indices, index_vector_dim: int, index_map, picked,
                         operand_shape) -> list[tuple[int, int, int]]:
     """``(component j, operand dim o, indices dim d)`` for each index component that is an iota

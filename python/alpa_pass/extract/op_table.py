@@ -315,18 +315,12 @@ def _gather(op, ins):
     if _static_slice_gather(op, dn):
         full, part = shape_of(op.operands[0]), shape_of(op.results[0])
         return [(OpKind.ELEMENTWISE, ins[:1], [d for d in range(len(full)) if part[d] < full[d]])]
-    sizes = _i64s(op, "slice_sizes")
-    collapsed, index_map = list(dn.collapsed_slice_dims), list(dn.start_index_map)
-    batching, indices_batching = list(dn.operand_batching_dims), list(dn.start_indices_batching_dims)
-    picked = [d for d in collapsed if sizes[d] == 1]
-    for j, o, d in iota_indices.batching_components(op.operands[1], dn.index_vector_dim, index_map, picked,
-                                                    shape_of(op.operands[0])):
-        collapsed.remove(o)
-        index_map[j] = -1
-        batching.append(o)
-        indices_batching.append(d)
+    numbers = (dn.start_index_map, dn.collapsed_slice_dims, dn.operand_batching_dims, dn.start_indices_batching_dims)
+    batched = iota_indices.batched_numbers(op.operands[1], dn.index_vector_dim, *numbers, shape_of(op.operands[0]))
+    index_map, collapsed, batching, indices_batching = numbers if batched is None else (
+        batched[2], batched[1], batched[3], batched[4])
     attrs = [dn.index_vector_dim] + _counted(
-        dn.offset_dims, collapsed, [m for m in index_map if m >= 0], batching, indices_batching, sizes)
+        dn.offset_dims, collapsed, index_map, batching, indices_batching, _i64s(op, "slice_sizes"))
     return [(OpKind.GATHER, ins[:2], attrs)]
 
 
@@ -334,16 +328,12 @@ def _scatter(op, ins):
     if len(op.results) != 1:
         return None
     dn = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
-    inserted, index_map = list(dn.inserted_window_dims), list(dn.scattered_dims_to_operand_dims)
-    batching, indices_batching = list(dn.input_batching_dims), list(dn.scatter_indices_batching_dims)
-    for j, o, d in iota_indices.batching_components(op.operands[1], dn.index_vector_dim, index_map, inserted,
-                                                    shape_of(op.operands[0])):
-        inserted.remove(o)
-        index_map[j] = -1
-        batching.append(o)
-        indices_batching.append(d)
-    attrs = [dn.index_vector_dim] + _counted(
-        dn.update_window_dims, inserted, [m for m in index_map if m >= 0], batching, indices_batching)
+    numbers = (dn.scattered_dims_to_operand_dims, dn.inserted_window_dims, dn.input_batching_dims,
+               dn.scatter_indices_batching_dims)
+    batched = iota_indices.batched_numbers(op.operands[1], dn.index_vector_dim, *numbers, shape_of(op.operands[0]))
+    index_map, inserted, batching, indices_batching = numbers if batched is None else (
+        batched[2], batched[1], batched[3], batched[4])
+    attrs = [dn.index_vector_dim] + _counted(dn.update_window_dims, inserted, index_map, batching, indices_batching)
     return [(OpKind.SCATTER, ins[:3], attrs)]
 
 
