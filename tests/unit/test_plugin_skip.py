@@ -163,6 +163,27 @@ def test_arguments_committed_to_part_of_the_devices_keep_it_there():
     assert hook._placed_apart([_compat.unspecified(), whole]) is None
 
 
+def test_a_step_the_user_placed_on_one_device_is_told_once(w, caplog):
+    """A heavy step whose arguments the user committed to one device runs there, untouched, and
+    the log says so once at info level (it was a debug line: the user saw no parallelism and no
+    reason)."""
+    import logging
+
+    hook = LoweringHook(PluginConfig(min_bytes=1 << 18))
+    one = jax.device_put(jnp.zeros(2), jax.devices()[2]).sharding
+    closed = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b) @ b)(w, w)
+    kwargs = {"context_mesh": types.SimpleNamespace(empty=True)}
+    lowered = []
+    with caplog.at_level(logging.INFO, logger="alpa_pass"):
+        for _ in range(2):
+            hook(lambda *a, **k: lowered.append(a[3]), closed, "jit", "step", [one, one],
+                 [_compat.unspecified()], None, None, None, **kwargs)
+    told = [r.getMessage() for r in caplog.records if "untouched" in r.getMessage()]
+    assert told == ["alpa_pass: step runs untouched (arguments committed to 1 of the 8 devices: it runs where "
+                    "they are; pass them uncommitted to have it planned)"], told
+    assert lowered == [[one, one]] * 2 and hook.stats.passed == 2
+
+
 def test_a_remat_offload_policy_is_not_a_user_sharding(w):
     # (the policy's device_puts name memory spaces, not devices: the whole step ran untouched as
     # "user shardings inside (device_put)"); a device_put to a device still is one

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import re
 import threading
 
 import jax
@@ -89,6 +90,9 @@ class Stats:
     failed: int = 0
 
 
+_PLACED_APART = re.compile(r"arguments committed to \d+ of the \d+ devices")  # (_placed_apart's reasons)
+
+
 class LoweringHook:
     """The callback given to ``_compat.install_lowering_hook``.
 
@@ -104,6 +108,7 @@ class LoweringHook:
         self._planner = None
         self._local = threading.local()
         self._owned_meshes: set = set()  # mesh_identity() of the meshes of our plans
+        self._told: set = set()  # names of steps logged at info as placed apart by the user
 
     def __call__(self, original, closed_jaxpr, api_name, fun_name, in_shardings, out_shardings,
                  in_layouts, out_layouts, donated_invars, **kwargs):
@@ -145,7 +150,12 @@ class LoweringHook:
                     self.stats.reused += 1
                     log.debug("alpa_pass: %s reuses its plan and executable", fun_name)
                     return self._for_arrival(entry, closed_jaxpr, in_shardings)
-        log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
+        if _PLACED_APART.match(reason) and fun_name not in self._told:
+            self._told.add(fun_name)  # (a step the user placed: say so once, not at every call)
+            log.info("alpa_pass: %s runs untouched (%s: it runs where they are; pass them uncommitted "
+                     "to have it planned)", fun_name, reason)
+        else:
+            log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
         if reason != "inside alpa_pass planning" and any(self._ours(s) for s in in_shardings) and \
                 jax.process_count() == 1 and _hang_risk(closed_jaxpr):
