@@ -235,6 +235,33 @@ def test_a_carry_reads_its_init_through_the_whiles_operand(mesh):
     np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_loop)(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_a_while_reads_its_carried_values_in_the_carried_layout(mesh):
+    """A planned carry node's layout constrains the block argument of its slot in every region
+    that reads it (the init, yield and result are constrained as values): left to Shardy, a
+    batched while's index could be carried split where the plan and the body's reads keep it
+    whole, and XLA gathered it every iteration. The loop's counter is read by the cond only."""
+    rng = np.random.default_rng(0)
+    args = tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((16, 32), (8, 16)))
+    graph, lowered = _lower_both(_loop, args, mesh)
+    carries = {graph.shape(v): v for v in range(graph.num_nodes) if graph.locators[v].op_index == -3}
+    report = insert_constraints(lowered._lowering._hlo, graph, {carries[(8, 32)]: [("x",), ()],
+                                                                carries[()]: []})
+    # the (8, 32) slot in the body, the counter in the cond and the body (it counts there too)
+    assert report.inserted == 3 and report.skipped == {}
+    text = lowered.as_text()
+    whiles = re.findall(r"stablehlo.while\((.*?)\) : ", text)
+    assert len(whiles) == 1
+    slots = re.findall(r"(%iterArg\w*) = ", whiles[0])
+    counter, value = slots[0], slots[1]
+    arg_reads = [line.strip() for line in text.splitlines() if re.search(rf"{value}\b", line)][1:]
+    assert len(arg_reads) == 1 and re.match(
+        rf'%\w+ = sdy.sharding_constraint {value} <@mesh, \[\{{"x"\}}, \{{\}}\]>', arg_reads[0]), arg_reads
+    counter_reads = [line.strip() for line in text.splitlines() if re.search(rf"{counter}\b", line)][1:]
+    assert len(counter_reads) == 2 and all(r.startswith("%") and f"sharding_constraint {counter} <@mesh, []>" in r
+                                           for r in counter_reads), counter_reads
+    np.testing.assert_allclose(lowered.compile()(*args), jax.jit(_loop)(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_only_pure_callbacks_on_a_branch_run_on_every_device():
     """``emit.callbacks``: a pure callback inside a ``cond`` branch (an error check) gets a
     replicated sharding on the plan's mesh; the same callback outside a branch, and a

@@ -99,6 +99,8 @@ def test_transpose_reshape_and_multi_result_reduce():
     assert g.locators[r[0]].op_index == g.locators[r[1]].op_index
     assert [g.dtype_bytes[v] for v in r] == [4, 4]
     assert all(len(g.operands(v)) == 2 and g.shape(g.operands(v)[1]) == () for v in r)
+    # the argmax's indices are reduced with its values (not read from their iota alone): one layout
+    assert [g.operands(v)[0] for v in r] == [g.param_nodes()[0]] * 2
 
 
 def test_windowed_and_slicing_ops_have_unshardable_dims():

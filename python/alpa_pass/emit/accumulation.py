@@ -42,8 +42,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from alpa_pass.emit.constraints import sharding_text
-from alpa_pass.errors import EmitError
+from alpa_pass.emit.constraints import sharding_text, verify_module
 from alpa_pass.extract.stablehlo import functions
 from alpa_pass.mesh import LogicalMesh
 
@@ -77,10 +76,7 @@ def rewrite_accumulations(module: ir.Module, mesh: LogicalMesh, mesh_name: str =
                     _rewrite(w, group, mesh, mesh_name)
                 count += len(group.slots)
     if count:
-        try:
-            module.operation.verify()
-        except ir.MLIRError as e:
-            raise EmitError(f"the module does not verify after the accumulation rewrite: {e}") from e
+        verify_module(module, "the accumulation rewrite")
     return count
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from alpa_pass.errors import EmitError
+from alpa_pass.emit.constraints import verify_module
 from alpa_pass.extract.iota_indices import batched_numbers, shape_of
 
 
@@ -35,10 +35,7 @@ def batch_iota_indexing(module: ir.Module) -> int:
             with ir.Location.unknown():
                 count += _rewrite(op)
     if count:
-        try:
-            module.operation.verify()
-        except ir.MLIRError as e:
-            raise EmitError(f"the module does not verify after batching iota-indexed gathers: {e}") from e
+        verify_module(module, "batching iota-indexed gathers")
     return count
 
 

@@ -16,6 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from alpa_pass.errors import EmitError, ShardingError
+from alpa_pass.extract import op_table
 from alpa_pass.extract.graph import CARRY_INDEX, NO_RESULT, OpGraph, OpKind
 from alpa_pass.extract.stablehlo import functions
 
@@ -199,8 +200,10 @@ def _value_groups(graph: OpGraph, specs: dict, report: EmitReport) -> dict:
         kind = graph.kind[v]
         if kind == OpKind.GENERATOR:
             report.skip(SKIP_GENERATOR)
+        elif graph.locators[v].op_index == CARRY_INDEX:
+            continue  # a while's carried slot: its regions' block arguments (_carry_groups)
         elif kind in (OpKind.PARAMETER, OpKind.OUTPUT) or graph.locators[v].op_index < 0:
-            report.skip(SKIP_PARAM_OUTPUT)  # entry arguments/results, a while's carried values
+            report.skip(SKIP_PARAM_OUTPUT)  # entry arguments/results
         elif graph.locators[v].result == NO_RESULT:
             continue  # the reads of an op without results (its operands get use-site constraints)
         else:
@@ -302,11 +305,44 @@ def carry_whiles(graph: OpGraph) -> dict:
             if lc.op_index != CARRY_INDEX:
                 continue
             whiles = {graph.locators[r].op_index for r in nodes if graph.op_names[r] == "stablehlo.while"
-                      and graph.locators[r].op_index >= 0 and (graph.locators[r].func, graph.locators[r].nest,
-                      graph.locators[r].call_path, graph.locators[r].result) == (lc.func, lc.nest, lc.call_path, lc.result)}
+                      and graph.locators[r].op_index >= 0 and _slot_place(graph.locators[r]) == _slot_place(lc)}
             if len(whiles) == 1:
                 out[c] = whiles.pop()
     return out
+
+
+def _carry_groups(blocks: dict, graph: OpGraph, specs: dict, report: EmitReport) -> list:
+    """[(while op, slot, dims, node)]: the layout of each requested carried slot, for the block
+    arguments of the while's regions (a slot whose call paths disagree is skipped).
+
+    The loop's init, yield and result are constrained as values; unconstrained, the block
+    arguments were left to Shardy, which could carry a slot split where the plan (and every
+    constrained read of it in the body) keeps it whole, and XLA gathered it on every iteration
+    (a vmapped while over a batch: mctx's search loops, 13 all-gathers per iteration)."""
+    whiles = carry_whiles(graph)
+    wanted, node_of = collections.defaultdict(set), {}
+    for c, w in whiles.items():
+        if c in specs:
+            loc = graph.locators[c]
+            key = (_block_key(loc), w, loc.result)
+            wanted[key].add(specs[c])
+            node_of[key] = min(c, node_of.get(key, c))
+    out = []
+    for (block, w, slot), all_dims in sorted(wanted.items()):
+        op = blocks[block][w]
+        if len(all_dims) != 1:
+            report.skip(SKIP_CALL_PATHS)
+        elif op.name != "stablehlo.while" or any(slot >= len(r.blocks[0].arguments) for r in op.regions):
+            raise _changed(f"node %{node_of[(block, w, slot)]} expects a stablehlo.while carrying slot {slot} "
+                           f"at @{block[0]} op {w}")
+        else:
+            out.append((op, slot, next(iter(all_dims)), node_of[(block, w, slot)]))
+    return out
+
+
+def _slot_place(loc) -> tuple:
+    """Where a while's carry or result node sits: its block, call path and slot."""
+    return loc.func, loc.nest, loc.call_path, loc.result
 
 
 def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) -> list:
@@ -323,7 +359,8 @@ def _resolve_uses(blocks: dict, graph: OpGraph, uses: dict, report: EmitReport) 
             report.skip(SKIP_PARAM_OUTPUT)
             continue
         else:
-            key = (_block_key(loc), loc.op_index, t)
+            op = blocks[_block_key(loc)][loc.op_index]
+            key = (_block_key(loc), loc.op_index, op_table.operand_index(op, loc.result, t))
         wanted[key].add(dims)
         node_of[key] = min((v, t), node_of.get(key, (v, t)))
     out = []
@@ -385,7 +422,9 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
              for k, chain in steps.items()}
     report = EmitReport()
     targets = _resolve(module, graph, _value_groups(graph, specs, report))
-    use_targets = _resolve_uses(_matched_ops(module, graph), graph, uses, report)
+    blocks = _matched_ops(module, graph)
+    use_targets = _resolve_uses(blocks, graph, uses, report)
+    carry_targets = _carry_groups(blocks, graph, specs, report)
     attrs: dict = {}
 
     def attr(dims):
@@ -412,8 +451,22 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
                         report.inserted += 1
                     value = made[key]
             op.operands[t] = value
+        for op, slot, dims, v in carry_targets:  # every region reads its block argument in the carry's layout
+            for region in op.regions:
+                arg = region.blocks[0].arguments[slot]
+                if not list(arg.uses):
+                    continue
+                with constraint_location(v):
+                    c = sdy.ShardingConstraintOp(arg, attr(dims), ip=ir.InsertionPoint(region.blocks[0].operations[0]))
+                arg.replace_all_uses_except(c.result, c.operation)
+                report.inserted += 1
+    verify_module(module, "inserting constraints")
+    return report
+
+
+def verify_module(module: ir.Module, after: str) -> None:
+    """EmitError unless ``module`` verifies (``after``: the rewrite just made, for the message)."""
     try:
         module.operation.verify()
     except ir.MLIRError as e:
-        raise EmitError(f"the module does not verify after inserting constraints: {e}") from e
-    return report
+        raise EmitError(f"the module does not verify after {after}: {e}") from e

@@ -39,7 +39,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from alpa_pass.emit.constraints import sharding_text
+from alpa_pass.emit.constraints import sharding_text, verify_module
 from alpa_pass.emit.partial_sums import PartialSum, partial_sums
 from alpa_pass.errors import EmitError
 from alpa_pass.extract.graph import OpGraph, OpKind
@@ -108,10 +108,7 @@ def rewrite_reduce_scatter(module: ir.Module, located: list, mesh: LogicalMesh,
         for k, (op, found) in enumerate(located):
             with op.location:  # the new ops keep the op's name and source line (HLO metadata)
                 _rewrite(op, found, mesh, handle + k, mesh_name)
-    try:
-        module.operation.verify()
-    except ir.MLIRError as e:
-        raise EmitError(f"the module does not verify after the reduce-scatter rewrite: {e}") from e
+    verify_module(module, "the reduce-scatter rewrite")
     return len(located)
 
 

@@ -51,7 +51,7 @@ def _iota_components(indices, index_vector_dim: int) -> dict[int, int]:
     if index_vector_dim == len(shape):  # scalar indices: one component, the tensor itself
         d = iota_dim(indices)
         return {} if d is None else {0: d}
-    owner = _owner(_unconstrained(indices))
+    owner = defining_op(_unconstrained(indices))
     parts = [indices]
     if owner is not None and owner.name == "stablehlo.concatenate" and \
             int(ir.IntegerAttr(owner.attributes["dimension"]).value) == index_vector_dim:
@@ -70,7 +70,7 @@ def iota_dim(value) -> int | None:
     """The dim ``d`` along which ``value`` holds its own index (``value[..., i_d, ...] == i_d``):
     an ``iota`` seen through converts, broadcasts, size-1 reshapes and jax's negative-index wrap
     ``select(x < 0, x + n, x)``; else None."""
-    o = _owner(_unconstrained(value))
+    o = defining_op(_unconstrained(value))
     if o is None:
         return None
     name = o.name
@@ -101,7 +101,7 @@ def _wraps_negative(select) -> bool:
     """``select(compare(LT, x, 0), add(x, c), x)``: what jax makes of an index that may be negative
     (an iota never is, so the select is ``x``)."""
     pred, _, x = select.operands
-    cmp = _owner(_unconstrained(pred))
+    cmp = defining_op(_unconstrained(pred))
     if cmp is None or cmp.name != "stablehlo.compare" or "LT" not in str(cmp.attributes["comparison_direction"]):
         return False
     return _unconstrained(cmp.operands[0]) == _unconstrained(x) and _is_zero(cmp.operands[1])
@@ -109,15 +109,15 @@ def _wraps_negative(select) -> bool:
 
 def _unconstrained(value):
     """``value`` before the sharding constraints emission put on it."""
-    while (o := _owner(value)) is not None and o.name == "sdy.sharding_constraint":
+    while (o := defining_op(value)) is not None and o.name == "sdy.sharding_constraint":
         value = o.operands[0]
     return value
 
 
 def _is_zero(value) -> bool:
-    o = _owner(_unconstrained(value))
+    o = defining_op(_unconstrained(value))
     if o is not None and o.name == "stablehlo.broadcast_in_dim":
-        o = _owner(_unconstrained(o.operands[0]))
+        o = defining_op(_unconstrained(o.operands[0]))
     if o is None or o.name != "stablehlo.constant":
         return False
     attr = ir.DenseElementsAttr(o.attributes["value"])
@@ -132,6 +132,7 @@ def _integer(value) -> bool:
     return isinstance(ir.RankedTensorType(value.type).element_type, ir.IntegerType)
 
 
-def _owner(value):
+def defining_op(value):
+    """The op that defines ``value``, or None for a block argument."""
     owner = value.owner
     return owner.operation if isinstance(owner, ir.OpView) else owner if isinstance(owner, ir.Operation) else None

@@ -132,6 +132,17 @@ def _reduce_window(op, ins):
     return [(OpKind.ELEMENTWISE, [ins[k], ins[n + k]], dims) for k in range(n)]
 
 
+def operand_index(op, result: int, t: int) -> int:
+    """Which operand of ``op`` is graph operand ``t`` of the node of its result ``result``: of a
+    multi-input reduce or reduce_window, result k reads ``[input_k, init_k]`` (a reduce's iota
+    input: ``input_0``, see ``_reduce``); of other ops, operand ``t``."""
+    if op.name not in ("stablehlo.reduce", "stablehlo.reduce_window"):
+        return t
+    if t == 1:
+        return len(op.results) + result
+    return 0 if op.name == "stablehlo.reduce" and result and _is_iota(op.operands[result]) else result
+
+
 _SDY_RULE = re.compile(r"#sdy\.op_sharding_rule<\((.*?)\)->\((.*?)\)\s*\{[^}]*\}(.*)>$", re.S)
 _SDY_FACTOR = re.compile(r"[a-z](_\d+)?")  # sdy names factors i, j, ..., z, z_1, ...; "ij": compound
 _SDY_SPECIAL = re.compile(r"(?:reduction|need_replication|permutation|blocked_propagation)=\{([^}]*)\}")
@@ -215,10 +226,18 @@ def _reshape(op, ins):
 
 
 def _reduce(op, ins):
-    """Multi-input reduce: result k reads ``[input_k, init_k]``."""
-    n = len(op.results)
+    """Multi-input reduce: result k reads ``[input_k, init_k]``, or ``[input_0, init_k]`` where
+    input_k is an iota: an argmax's indices are reduced with its values, in one layout (read
+    apart, a plan could keep the indices whole beside split values at no cost, and XLA, which
+    partitions the op once, gathers the indices it computes split)."""
     dims = _i64s(op, "dimensions")
-    return [(OpKind.REDUCE, [ins[k], ins[n + k]], dims) for k in range(n)]
+    return [(OpKind.REDUCE, [ins[operand_index(op, k, 0)], ins[operand_index(op, k, 1)]], dims)
+            for k in range(len(op.results))]
+
+
+def _is_iota(value) -> bool:
+    owner = iota_indices.defining_op(value)
+    return owner is not None and owner.name == "stablehlo.iota"
 
 
 def _generator(op, ins):
