@@ -34,6 +34,7 @@ import re
 import threading
 
 import jax
+from jaxlib.mlir import ir
 
 from alpa_pass import _compat
 from alpa_pass.errors import AlpaPassError, MeshError
@@ -63,7 +64,7 @@ LAPACK_PRIMITIVES = frozenset({"cholesky", "eig", "eigh", "lu", "qr", "geqrf", "
 @dataclasses.dataclass
 class Entry:
     """One planned computation: its plan, the full in_shardings tuple and the lowered computation
-    (``computation`` None: planning failed, lower it untouched); ``kept``: the positions of the
+    (``computation`` None: not planned, lower it untouched, ``why``); ``kept``: the positions of the
     arguments the computation reads (jax drops the others); ``resharding``: the computation as
     run for arguments committed to other layouts of ours (``_compat.python_dispatch``), made at
     the first such call; ``followable``: the positions of the arguments that keep the layout an
@@ -77,6 +78,7 @@ class Entry:
     kept: tuple = ()
     followable: tuple = ()
     resharding: object = None
+    why: str = "planning it failed before"
 
 
 @dataclasses.dataclass
@@ -137,6 +139,9 @@ class LoweringHook:
             variants = self._cache.get(key, [])
             entry = next((e for e in variants if self._follows(e, closed_jaxpr, in_shardings)), None)
             # (arguments committed to the user's own shardings are read as they are: planner.user_pins)
+            hidden = None if variants else _lapack_in_module(probe)
+            if hidden is not None:  # (a library primitive's body is no sub-jaxpr: seen lowered only)
+                self._cache[key] = variants = [Entry(fun_name, None, (), None, why=hidden)]
             if entry is None and (not variants or variants[0].computation is not None):
                 computation = self._plan_new(key, probe, original, folded, kwargs)
                 entry = self._cache[key][-1]
@@ -157,8 +162,10 @@ class LoweringHook:
         else:
             log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
-        if reason != "inside alpa_pass planning" and any(self._ours(s) for s in in_shardings) and \
-                jax.process_count() == 1 and _hang_risk(closed_jaxpr):
+        ours = reason != "inside alpa_pass planning" and any(self._ours(s) for s in in_shardings) and \
+            jax.process_count() == 1
+        lowered = None if ours and _hang_risk(closed_jaxpr) else original(*args, **kwargs)
+        if ours and (lowered is None or _lapack_in_module(lowered)):
             # Arguments a plan left on its mesh would run it on every simulated device, and
             # hang there (r3: a planned step's scalar into a vmapped cholesky: 6 s a step, plain
             # 0.01 s). Lowered as plain jax lowers uncommitted arguments (on the default device,
@@ -167,7 +174,7 @@ class LoweringHook:
             log.debug("alpa_pass: %s reads arguments on a plan's mesh; it runs on one device", fun_name)
             in_shardings = tuple(_compat.unspecified() if self._ours(s) else s for s in in_shardings)
             return _compat.python_dispatch(original(*args[:3], in_shardings, *args[4:], **kwargs))
-        return original(*args, **kwargs)
+        return lowered
 
     def _ours(self, sharding) -> bool:
         return not _compat.is_unspecified(sharding) and self.owns(sharding)
@@ -247,7 +254,7 @@ class LoweringHook:
         """None when ``entry``'s computation can run these arguments, else why not (arguments in
         the user's layouts: the plan read them as they are, in an equal layout on its own mesh)."""
         if entry.computation is None:
-            return "planning it failed before"
+            return entry.why
         if not all(_compat.is_unspecified(s) or s == p or self.owns(s) or s.is_equivalent_to(p, len(a.shape))
                    for s, p, a in zip(in_shardings, entry.in_shardings, in_avals)):
             return "arguments committed to shardings of the user's, not the plan's"
@@ -343,6 +350,25 @@ def _hang_risk(closed_jaxpr, prims=None) -> str | None:
     if prims & LAPACK_PRIMITIVES and _compat.batched_lapack_can_hang() and any(
             e.primitive.name in LAPACK_PRIMITIVES and _batched(e) for e in _compat.jaxpr_eqns(closed_jaxpr)):
         return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
+    return None
+
+
+def _lapack_in_module(computation) -> str | None:
+    """:func:`_hang_risk`'s batched-LAPACK reason for a lowered computation whose LAPACK calls
+    the jaxpr does not show (lineax's GMRES runs its QR inside Equinox's own primitive, whose body
+    is no sub-jaxpr: a vmapped solve deadlocked on 1x8), or None."""
+    if not _compat.batched_lapack_can_hang():
+        return None
+    stack = [_compat.computation_module(computation).operation]
+    while stack:
+        op = stack.pop()
+        for region in op.regions:
+            for block in region.blocks:
+                stack.extend(o.operation for o in block.operations)
+        if op.name == "stablehlo.custom_call" and \
+                ir.StringAttr(op.attributes["call_target_name"]).value.startswith("lapack_") and \
+                any(_prod(ir.RankedTensorType(v.type).shape[:-2]) > 1 for v in op.operands):
+            return "batched LAPACK linear algebra on simulated CPU devices (jaxlib < 0.11 can deadlock in it)"
     return None
 
 
