@@ -61,7 +61,7 @@ NodeStrategies node_strategies(const Graph& g, int64_t v, const Mesh& mesh, cons
   std::vector<NodeStrategies> done;
   done.reserve(v + 1);
   const std::vector<char> combinable = combinable_reductions(g);
-  RuleContext ctx{g, mesh, opts, done, combinable};
+  RuleContext ctx{g, mesh, opts, done, combinable, tiny_heavy_flops(g)};
   for (int64_t u = 0; u <= v; ++u) done.push_back(rule_for(g.op_kind(u))(ctx, u));
   return std::move(done.back());
 }

@@ -281,8 +281,9 @@ ShardingProblem build_sharding_problem(const Graph& graph, const Mesh& mesh,
   // How often each node's own communication runs per step (the Assembler's comm_weight).
   const std::vector<double>& comm_runs = comm_weights.empty() ? node_weights : comm_weights;
   const std::vector<char> combinable = combinable_reductions(graph, comm_runs);
+  const double tiny_heavy = tiny_heavy_flops(graph);
   for (int64_t v = 0; v < n; ++v) {
-    const RuleContext ctx{graph, mesh, options, p.nodes, combinable};
+    const RuleContext ctx{graph, mesh, options, p.nodes, combinable, tiny_heavy};
     p.nodes.push_back(rule_for(graph.op_kind(v))(ctx, v));
     drop_unsafe_splits(ctx, indexed, v, p.nodes.back());
     check_rule_output(graph, mesh, p.nodes, v);

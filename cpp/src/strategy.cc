@@ -123,6 +123,16 @@ void set_builtin_rule(OpKind kind, RuleFn fn) {
 }
 }  // namespace rules
 
+double tiny_heavy_flops(const Graph& g) {
+  double most = 0.0;
+  for (int64_t v = 0; v < g.num_nodes(); ++v) {
+    if (g.op_kind(v) == OpKind::kDot || g.op_kind(v) == OpKind::kConvolution) {
+      most = std::max(most, node_flops(g, v));
+    }
+  }
+  return most * kTinyHeavyFraction;
+}
+
 double node_flops(const Graph& g, int64_t v) {
   const auto out = g.shape(v);
   if (g.op_kind(v) == OpKind::kDot) {

@@ -188,3 +188,44 @@ def test_the_merged_plan_of_runs_vmapped_over_seeds_splits_the_seeds():
     carries = [v for v in range(graph.num_nodes) if graph.op_names[v] == "stablehlo.while"
                and graph.shape(v) == (8, 64, 64)]
     assert carries and all(list(plan.node_specs[v]) == [0, 0] for v in carries)  # seeds over x and y
+
+
+def test_a_pinns_laplacian_tangents_do_not_split_its_merged_plan():
+    """A PINN's Laplacian by jvp-of-grad, vmapped over collocation points: the tangent of the first
+    layer's pre-activation is ``W @ e_i``, one (64,) vector for all points, broadcast over them.
+    That dot is tiny, so it may run replicated (``tiny_heavy_flops``); forced to split (Alpa's rule
+    for heavy ops) its merged group split the broadcast's hidden dim and every use resharded the
+    (4096, 64) activation: the merged plan predicted 5.46e7 of resharding on 1x8 in the L-BFGS step
+    of a 16k-point PINN (7x its unmerged plan, which on 2x4 is over the refinement cap). Now the
+    merged plan reshards nothing and trains as jax.jit."""
+    def u(p, x):
+        h = jnp.tanh(x @ p["w0"] + p["b0"])
+        h = jnp.tanh(h @ p["w1"] + p["b1"])
+        return (h @ p["w2"])[0]
+
+    def laplacian(p, x):
+        g = lambda x: jax.grad(u, argnums=1)(p, x)  # noqa: E731
+        return sum(jax.jvp(g, (x,), (jnp.eye(2)[i],))[1][i] for i in range(2))
+
+    def step(p, xs):
+        def loss(p):
+            res = jax.vmap(lambda x: laplacian(p, x) + jnp.sin(x[0]) * jnp.sin(x[1]))(xs)
+            return jnp.mean(res ** 2)
+        value, grads = jax.value_and_grad(loss)(p)
+        return jax.tree.map(lambda a, b: a - 0.01 * b, p, grads), value
+
+    rng = np.random.default_rng(0)
+    p = {"w0": rng.standard_normal((2, 64)), "b0": np.zeros(64), "w1": rng.standard_normal((64, 64)) / 8,
+         "b1": np.zeros(64), "w2": rng.standard_normal((64, 1)) / 8}
+    p = jax.tree.map(lambda a: a.astype(np.float32), p)
+    xs = rng.random((4096, 2)).astype(np.float32)
+    mesh = ap.LogicalMesh(shape=(1, 8))
+    merged, _, _ = make_plan(step, (p, xs), mesh, ap.AutoShardingOption(refine_unmerged=False))
+    assert merged.predicted["resharding"] == 0.0, merged.summary()
+    splits = [c for c in merged.choices if c.kind == "DOT" and c.shape == (4096, 64)]
+    assert splits and all(str(c.spec) == "P('y', None)" for c in splits), splits
+    plan, compiled = plan_and_compile(step, (p, xs), mesh, ap.AutoShardingOption())
+    assert plan.objective == pytest.approx(merged.objective, rel=1e-6)
+    got, want = compiled(p, xs), jax.jit(step)(p, xs)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)

@@ -339,6 +339,26 @@ def test_no_mixed_mesh_shape_keeps_one_axis_per_dim():
     specs = [s.out for s in strategies(b, x, MESH24, allow_mixed_mesh_shape=False).strategies]
     assert specs == [s for s in _core.enumerate_specs([8, 32, 64], MESH24) if s[0] < 0 or s[0] != s[1]]
 
+def test_a_tiny_dot_may_also_run_replicated():
+    """A dot with at most 1/65536 of the graph's largest dot's FLOPs (a jvp tangent's W @ e_i, 256
+    FLOPs beside a 134 MFLOP matmul) gets the strategies that leave mesh axes unused, replicated
+    included; the large dot of the same graph keeps Alpa's rule (every axis of size > 1 used)."""
+    b = GraphBuilder()
+    x, w = param(b, [16384, 64]), param(b, [64, 64], 1)
+    a, e = param(b, [64, 2], 2), param(b, [2, 1], 3)
+    big = b.add(OpKind.DOT, [16384, 64], F32, [x, w], [0, 1, 1, 0])
+    tiny = b.add(OpKind.DOT, [64, 1], F32, [a, e], [0, 1, 1, 0])
+    graph = built_graph(b)
+    small = {s.name: s for s in _core.node_strategies(graph, tiny, MESH14, options()).strategies}
+    assert set(small) == {"dot R", "dot lfree0@y"} and small["dot R"].ins == [R, R], set(small)
+    large = {s.name for s in _core.node_strategies(graph, big, MESH14, options()).strategies}
+    assert large == {"dot lfree0@y", "dot rfree0@y", "dot c0@y"}
+    # alone in its graph the same dot is the largest: every axis used
+    b2 = GraphBuilder()
+    alone = b2.add(OpKind.DOT, [64, 1], F32, [param(b2, [64, 2]), param(b2, [2, 1], 1)], [0, 1, 1, 0])
+    assert {s.name for s in strategies(b2, alone, MESH14).strategies} == {"dot lfree0@y"}
+
+
 def test_dot_divisibility_drops_strategies():
     b, d = matmul(2, 8, 6)  # 2 rows, 8 contracting, 6 columns: only c0 divides by 4
     (s,) = strategies(b, d, MESH14).strategies

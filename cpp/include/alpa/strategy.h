@@ -83,7 +83,19 @@ struct RuleContext {
   // combinable[v] != 0: v's all-reduce of partial sums is combined (combinable_reductions); empty:
   // none is.
   std::span<const char> combinable = {};
+  // A DOT or CONVOLUTION with at most this many FLOPs may also run replicated on mesh axes (the
+  // others must use every axis: allow_replicated_heavy_ops); 0: none may. tiny_heavy_flops().
+  double tiny_heavy_flops = 0.0;
 };
+
+// The FLOPs below which a heavy op counts as tiny: kTinyHeavyFraction of the graph's largest DOT
+// or CONVOLUTION. Alpa forbids heavy ops replicated on a mesh axis, so that a plan never trades
+// communication for redundant matmuls; an op that small costs nothing replicated, and forced to
+// split it drags what follows it in its merged group along (a jvp's tangent W @ e_i, a (64,)
+// vector broadcast over 16384 collocation points: the broadcast split the hidden dim and every
+// use resharded the (16384, 64) activation, a PINN's L-BFGS line search 7x its refined plan).
+inline constexpr double kTinyHeavyFraction = 1.0 / 65536.0;
+double tiny_heavy_flops(const Graph& g);
 
 // Nodes whose all-reduce of partial sums XLA combines with the others like them into few large
 // collectives: no DOT or CONVOLUTION is reachable from the node's result, so nothing but the step's

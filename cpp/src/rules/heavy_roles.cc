@@ -60,7 +60,10 @@ NodeStrategies enumerate_role_strategies(const RuleContext& ctx, int64_t v,
     if (uses_all) full.list.push_back(s);
     all.list.push_back(std::move(s));
   } while (next_choice(choice, roles.size() + 1));
-  if (!ctx.options.allow_replicated_heavy_ops && !full.list.empty()) return full;
+  if (!ctx.options.allow_replicated_heavy_ops && !full.list.empty() &&
+      node_flops(ctx.graph, v) > ctx.tiny_heavy_flops) {
+    return full;
+  }
   return all;
 }
 
