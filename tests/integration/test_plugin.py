@@ -65,6 +65,7 @@ def test_plugin_plans_train_step_once_and_matches_losses(plain_run, plugin_run):
     assert run["plugin"]["reused"] == 1             # step 2 feeds sharded outputs back: same executable
     assert run["compiles"]["train_step"] == 1       # 5 steps, one XLA compilation
     assert "planned train_step on mesh 1x8" in stderr
+    assert "8 simulated CPU devices: XLA_FLAGS += --xla_cpu_enable_concurrency_optimized_scheduler=false" in stderr
     assert len(out["losses"]) == 5
     for a, b in zip(out["losses"], plain["losses"]):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

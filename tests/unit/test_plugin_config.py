@@ -118,3 +118,23 @@ def test_a_profile_is_auto_or_a_json_that_exists_and_reaches_the_plans_options(t
     assert cfg.profile == str(path)
     option = PluginPlanner(cfg).method()[0].planning_option()
     assert option.profile.key == "cpu-cpu-8dev-1x8" and option.profile.seconds_per_flop > 0
+
+
+@pytest.mark.parametrize("flags, added", [
+    ("--xla_force_host_platform_device_count=8", True),
+    ("--foo --xla_force_host_platform_device_count=4 --bar", True),
+    ("--xla_force_host_platform_device_count=1", False),
+    ("", False),
+    ("--xla_force_host_platform_device_count=8 --xla_cpu_enable_concurrency_optimized_scheduler=true", False),
+])
+def test_simulated_cpu_devices_run_one_schedule(flags, added):
+    """Several simulated CPU devices (threads of one process) entered a plan's independent
+    collectives in different orders under XLA's concurrent CPU schedule and aborted on a rendezvous
+    timeout (a lax.map chunked loss on 1x8, 5 of 5 runs): the plugin selects the memory-minimising
+    schedule unless the user chose a scheduler."""
+    from alpa_pass.plugin import SERIAL_CPU_SCHEDULE, _one_schedule_on_simulated_devices
+
+    environ = {"XLA_FLAGS": flags} if flags else {}
+    _one_schedule_on_simulated_devices(environ)
+    want = f"{flags} {SERIAL_CPU_SCHEDULE}".strip() if added else flags
+    assert environ.get("XLA_FLAGS", "") == want

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -46,6 +47,7 @@ def initialize() -> None:
     except PluginConfigError as e:
         config, error = PluginConfig(), e
     _configure_logging(config.log_level)
+    _one_schedule_on_simulated_devices(os.environ)
     _HOOK = LoweringHook(config, error)
     _compat.install_lowering_hook(_HOOK, owns=_HOOK.owns)
     # JAX initialises its backend (and so this plugin) from inside the lowering of the script's
@@ -53,6 +55,27 @@ def initialize() -> None:
     _compat.replan_in_flight_lowering(_HOOK.plan_in_flight)
     log.info("alpa_pass: planning jax.jit computations (method %s, mesh %s)", config.method,
              _mesh_text(config.mesh_shape))
+
+
+# XLA's CPU runtime runs a device's independent ops concurrently by default; simulated devices
+# (threads of one process) can then enter a plan's collectives in different orders and wait on
+# each other for good (a chunked loss by lax.map: one device in an all-reduce inside the loop,
+# the others in an independent all-reduce after it: "Termination timeout" abort, 5 of 5 runs on
+# 1x8). The memory-minimising schedule orders them alike, and it is the schedule plans assume.
+SERIAL_CPU_SCHEDULE = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def _one_schedule_on_simulated_devices(environ) -> None:
+    """Add :data:`SERIAL_CPU_SCHEDULE` to ``XLA_FLAGS`` when it simulates several CPU devices and
+    names no scheduler itself (read when JAX creates the CPU backend, right after this plugin
+    initialises)."""
+    flags = environ.get("XLA_FLAGS", "")
+    count = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
+    if count is None or int(count.group(1)) < 2 or "xla_cpu_enable_concurrency_optimized_scheduler" in flags:
+        return
+    environ["XLA_FLAGS"] = f"{flags} {SERIAL_CPU_SCHEDULE}".strip()
+    log.info("alpa_pass: %s simulated CPU devices: XLA_FLAGS += %s (collectives in one order on every "
+             "device)", count.group(1), SERIAL_CPU_SCHEDULE)
 
 
 def _mesh_text(shape) -> str:
