@@ -1,10 +1,9 @@
 // Whole-graph assembly (see problem.h): strategies per node in topological order (less the splits
 // unsafe_splits.h removes), followers merged into their leader's ILP group, repeated layers'
 // groups merged (repeat.h), resharding costs accumulated per pair of groups, ties turned into
-// equalities, the memory model (and budget rows), then build_ilp.
-//
-// Cost: one reshard_cost call per (distinct producer spec, distinct consumer spec) per graph edge,
-// i.e. O(E * S^2) with S the number of strategies (tens); everything else is linear.
+// equalities, the memory model (and budget rows), then build_ilp. Cost: one reshard_cost call per
+// (distinct producer spec, distinct consumer spec) per graph edge, i.e. O(E * S^2) with S the
+// number of strategies (tens); everything else is linear.
 #include <algorithm>
 #include <cmath>
 #include <map>
