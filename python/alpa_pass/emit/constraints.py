@@ -277,9 +277,9 @@ def _matched_ops(module: ir.Module, graph: OpGraph) -> dict:
     return blocks
 
 
-def _resolve(module: ir.Module, graph: OpGraph, groups: dict) -> list:
-    """[(op, result index, next op, dims)] for every group; EmitError if the module changed."""
-    blocks = _matched_ops(module, graph)
+def _resolve(blocks: dict, graph: OpGraph, groups: dict) -> list:
+    """[(op, result index, next op, dims)] for every group (``blocks``: :func:`_matched_ops`);
+    EmitError if the module changed."""
     targets = []
     for (block, index, k), (v, dims) in sorted(groups.items()):
         op = blocks[block][index]
@@ -421,8 +421,8 @@ def insert_constraints(module: ir.Module, graph: OpGraph,
     steps = {k: [tuple(tuple(sorted(d, key=rank.__getitem__)) for d in dims) for dims in chain]
              for k, chain in steps.items()}
     report = EmitReport()
-    targets = _resolve(module, graph, _value_groups(graph, specs, report))
-    blocks = _matched_ops(module, graph)
+    blocks = _matched_ops(module, graph)  # (once: the value, use-site and carry targets share it)
+    targets = _resolve(blocks, graph, _value_groups(graph, specs, report))
     use_targets = _resolve_uses(blocks, graph, uses, report)
     carry_targets = _carry_groups(blocks, graph, specs, report)
     attrs: dict = {}
