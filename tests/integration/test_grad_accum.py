@@ -261,3 +261,46 @@ def test_an_lstms_fused_gate_gradients_are_reduced_after_the_time_loop():
     assert exe.plan.emit_report.accumulators == 12
     assert loop_collectives(exe.hlo_text()) == (0, 1)
     _trains_like_jit(par, step, state, x, 2)
+
+
+def test_an_rk4_steps_stage_gradients_are_reduced_after_the_time_loop():
+    """A neural ODE trained through an RK4 scan: the backward time loop adds each weight's four stage
+    gradients into its accumulator in turn (``acc + d1 + d2 + d3 + d4``). All 12 dots are costed once
+    and carried per shard, so the batch split needs no collective in the loop (was: a mixed plan,
+    objective 5.3e6 against 2.4e5 now, 6x slower than one device in x64 on 1x8)."""
+    rng = np.random.default_rng(0)
+    b, h, steps, dt = 64, 64, 12, 0.05
+    params = {"w1": rng.normal(size=(2, h)).astype(np.float32) / 1.4,
+              "w2": rng.normal(size=(h, h)).astype(np.float32) / 8,
+              "w3": rng.normal(size=(h, 2)).astype(np.float32) / 8}
+    y0 = rng.normal(size=(b, 2)).astype(np.float32)
+    target = rng.normal(size=(steps, b, 2)).astype(np.float32)
+
+    def f(p, y):
+        return jnp.tanh(jnp.tanh(y @ p["w1"]) @ p["w2"]) @ p["w3"]
+
+    def loss_fn(p, y0, target):
+        def rk4(y, _):
+            k1 = f(p, y)
+            k2 = f(p, y + dt / 2 * k1)
+            k3 = f(p, y + dt / 2 * k2)
+            k4 = f(p, y + dt * k3)
+            y = y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            return y, y
+        return jnp.mean((lax.scan(rk4, y0, None, length=steps)[1] - target) ** 2)
+
+    def step(state, data):
+        params, opt_state = state
+        loss, grads = jax.value_and_grad(loss_fn)(params, *data)
+        return _update(params, opt_state, grads), loss
+
+    state = (params, OPT.init(params))
+    graph = extract_graph(parse_module(jax.jit(step).lower(state, (y0, target)).as_text()))
+    changed = np.nonzero(graph.comm_weights != graph.weights)[0]
+    assert sorted(graph.shape(int(v)) for v in changed) == [(2, 64)] * 4 + [(64, 2)] * 4 + [(64, 64)] * 4
+    assert {graph.op_names[v] for v in changed} == {"stablehlo.dot_general"}
+    par = ap.parallelize(step, method=ap.ShardParallel(mesh=ap.LogicalMesh(shape=(1, 8))))
+    exe = par.get_executable(state, (y0, target))
+    assert exe.plan.emit_report.accumulators == 3
+    assert loop_collectives(exe.hlo_text()) == (0, 1)
+    _trains_like_jit(par, step, state, (y0, target), 2)

@@ -117,3 +117,60 @@ def test_a_sliced_gradient_read_outside_its_accumulators_is_left_alone():
     before = str(module.operation)
     assert rewrite_accumulations(module, MESH) == 0
     assert str(module.operation) == before
+
+
+TWO_STAGES = """
+module {
+  sdy.mesh @mesh = <["x"=2, "y"=4]>
+  func.func @main(%a: tensor<8x16xf32>, %b: tensor<8x32xf32>, %c: tensor<8x32xf32>) -> tensor<16x32xf32> {
+    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %init = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f32>) -> tensor<16x32xf32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %r:2 = stablehlo.while(%i = %c0, %acc = %init) : tensor<i32>, tensor<16x32xf32>
+    cond {
+      %n = stablehlo.constant dense<4> : tensor<i32>
+      %p = stablehlo.compare LT, %i, %n, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %p : tensor<i1>
+    } do {
+      %l = sdy.sharding_constraint %a <@mesh, [{"x"}, {}]> : tensor<8x16xf32>
+      %rr = sdy.sharding_constraint %b <@mesh, [{"x"}, {}]> : tensor<8x32xf32>
+      %r2 = sdy.sharding_constraint %c <@mesh, [{SECOND}, {}]> : tensor<8x32xf32>
+      %g1 = stablehlo.dot_general %l, %rr, contracting_dims = [0] x [0] : (tensor<8x16xf32>, tensor<8x32xf32>) -> tensor<16x32xf32>
+      %g2 = stablehlo.dot_general %l, %r2, contracting_dims = [0] x [0] : (tensor<8x16xf32>, tensor<8x32xf32>) -> tensor<16x32xf32>
+      %s1 = stablehlo.add %acc, %g1 : tensor<16x32xf32>
+      %s1c = sdy.sharding_constraint %s1 <@mesh, [{}, {"y"}]> : tensor<16x32xf32>
+      %s2 = stablehlo.add %s1c, %g2 : tensor<16x32xf32>
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %i1 = stablehlo.add %i, %one : tensor<i32>
+      stablehlo.return %i1, %s2 : tensor<i32>, tensor<16x32xf32>
+    }
+    return %r#1 : tensor<16x32xf32>
+  }
+}
+"""
+
+
+def test_stage_gradients_added_in_turn_are_carried_per_shard():
+    """``acc + g1 + g2`` (an RK4 step adds its stages' weight gradients in turn): both dots split
+    their contracted pair over "x" and make it a batch dim, the inner add and its constraint carry
+    the leading [2] dim, one reduce after the loop."""
+    module = parse_module(TWO_STAGES.replace("SECOND", '"x"'))
+    assert rewrite_accumulations(module, MESH) == 1
+    text = str(module.operation)
+    assert len(re.findall(r"dot_general .*batching_dims = \[0\] x \[0\], contracting_dims = \[1\] x \[1\]", text)) == 2
+    assert "tensor<i32>, tensor<2x16x32xf32>" in text
+    assert re.search(r'sharding_constraint %\S+ <@mesh, \[\{"x"\}, \{\}, \{"y"\}\]> : tensor<2x16x32xf32>', text)
+    assert re.search(r"stablehlo.add %\S+, %\S+ : tensor<2x16x32xf32>", text)
+    after = text[text.index("stablehlo.while"):]
+    after = after[after.index("    }\n    "):]
+    assert len(re.findall(r"applies stablehlo.add across dimensions = \[0\] : \(tensor<2x16x32xf32>", after)) == 1
+
+
+def test_stage_gradients_split_over_other_axes_are_left_alone():
+    """The second stage's dot splits its contracted pair over "y" (or not at all): the partial sums
+    of the two would need different leading dims, so the slot is left as it is."""
+    for second in ('"y"', ""):
+        module = parse_module(TWO_STAGES.replace("SECOND", second))
+        before = str(module.operation)
+        assert rewrite_accumulations(module, MESH) == 0
+        assert str(module.operation) == before

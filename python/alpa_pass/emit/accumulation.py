@@ -24,6 +24,9 @@ carried slot ``s`` of a top-level while that matches
                                                     slices, as a fused LSTM kernel's gradient feeds
                                                     its gates', when every use of the dot and of
                                                     the chain lies inside the tree)
+         or y = add(add(arg_s, chain(dot_1)), chain(dot_2)) ... (several sources added into one
+                                                    slot, in any tree of adds, all split over the
+                                                    same axes: an RK4 step's four stages)
          with l, r read in layouts that split one contracted pair over exactly the axes A
          (or y = add(arg_s, chain(reduce_sum(x))), x split over A on one reduced dim)
 
@@ -42,6 +45,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from alpa_pass.emit.calls import inline_calls
 from alpa_pass.emit.constraints import sharding_text, verify_module
 from alpa_pass.extract.stablehlo import functions
 from alpa_pass.mesh import LogicalMesh
@@ -50,7 +54,6 @@ _CHAIN = ("sdy.sharding_constraint", "stablehlo.transpose", "stablehlo.reshape",
           "stablehlo.slice")
 _DIM = re.compile(r"\{([^{}]*)\}")
 _AXIS = re.compile(r'^"([^"]+)"$')
-_NAME_LOC = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?!:\d)')
 
 
 def rewrite_accumulations(module: ir.Module, mesh: LogicalMesh, mesh_name: str = "mesh",
@@ -69,7 +72,7 @@ def rewrite_accumulations(module: ir.Module, mesh: LogicalMesh, mesh_name: str =
         funcs = functions(module)
         for w in whiles:
             for region in w.regions:
-                _inline_calls(region.blocks[0], funcs)
+                inline_calls(region.blocks[0], funcs)
         for w in whiles:
             for group in _match_groups(w, mesh):
                 with w.location:
@@ -84,58 +87,6 @@ def _top_whiles(func) -> list:
     return [op.operation for op in func.regions[0].blocks[0].operations if op.operation.name == "stablehlo.while"]
 
 
-def _inline_calls(block, funcs: dict) -> None:
-    """Replace every ``func.call`` in ``block`` (and in the regions of its ops, at any depth) by
-    a copy of the callee's body: jax puts a scan's body in ``@closed_call``, and the accumulator's
-    add and yield must sit in one block. The callees stay (other callers may use them)."""
-    for op in list(block.operations):
-        op = op.operation
-        if op.name == "func.call":
-            callee = funcs[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
-            body = callee.regions[0].blocks[0]
-            mapping = dict(zip(body.arguments, op.operands))
-            caller = _loc_name(op.location)
-            with ir.InsertionPoint(op):
-                for inner in body.operations:
-                    inner = inner.operation
-                    if inner.name == "func.return":
-                        results = [mapping.get(v, v) for v in inner.operands]
-                        break
-                    new = inner.clone()
-                    callee = _loc_name(inner.location)
-                    if caller is not None and callee is not None:  # the HLO op_name XLA's own inlining gives
-                        new.location = ir.Location.name(f"{caller}/{callee}", childLoc=inner.location)
-                    _remap(new, mapping)
-                    mapping.update(zip(inner.results, new.results))
-            for old, new in zip(op.results, results):
-                old.replace_all_uses_with(new)
-            op.erase()
-    for op in block.operations:  # the copies' own calls and nested regions, now in this block
-        op = op.operation
-        if op.name == "func.call":
-            return _inline_calls(block, funcs)
-        for region in op.regions:
-            for inner_block in region.blocks:
-                _inline_calls(inner_block, funcs)
-
-
-def _loc_name(loc) -> str | None:
-    """The name of a ``loc("name"(...))`` location (jax's name stack), or None."""
-    m = _NAME_LOC.match(str(loc))
-    return m.group(1) if m else None
-
-
-def _remap(op, mapping: dict) -> None:
-    """Point ``op``'s operands (and those of the ops in its regions) through ``mapping``."""
-    for i, v in enumerate(op.operands):
-        if v in mapping:
-            op.operands[i] = mapping[v]
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                _remap(inner.operation, mapping)
-
-
 class _Slot:
     """One matched carried slot: its index, the add, the carry's constraints (arg and yield side)."""
 
@@ -144,15 +95,23 @@ class _Slot:
 
 
 class _Group:
-    """A partial-sum op (``kind`` "dot" with contracted pair ``dims`` = (lhs dim, rhs dim), or
-    "reduce" with ``dims`` = (the split reduced dim,)), its partial-sum axes, the linear ops
-    between it and the adds (a tree: slices fan one result out to several accumulators, as a
-    fused LSTM kernel's gradient is sliced into its gates' kernels), and the slots it feeds."""
+    """Partial-sum ops (``sources``: (op, kind, dims); ``kind`` "dot" with contracted pair ``dims``
+    = (lhs dim, rhs dim), or "reduce" with ``dims`` = (the split reduced dim,)) split over the same
+    partial-sum ``axes``, the linear ops between them and the slots' adds (a tree: slices fan one
+    result out to several accumulators, as a fused LSTM kernel's gradient is sliced into its gates'
+    kernels; adds join several sources into one accumulator, as the four stages of an RK4 step add
+    their weight gradients), and the slots they feed."""
 
-    def __init__(self, source, kind, dims, axes):
-        self.source, self.kind, self.dims, self.axes = source, kind, dims, axes
+    def __init__(self, axes):
+        self.axes = axes
+        self.sources: list = []
         self.chain: list = []
         self.slots: list[_Slot] = []
+
+    def take(self, sources, chain, slots) -> None:
+        self.sources.extend(s for s in sources if not any(s[0] == t[0] for t in self.sources))
+        self.chain.extend(c for c in chain if not any(c == o for o in self.chain))
+        self.slots.extend(slots)
 
 
 def _owner(value):
@@ -198,30 +157,31 @@ def _is_zero(value) -> bool:
 
 
 def _match_groups(w, mesh: LogicalMesh) -> list[_Group]:
-    """The accumulator trees of while ``w``: slots grouped by their partial-sum op, kept where
-    every use of the op and of the ops between it and the adds lies inside the tree."""
+    """The accumulator trees of while ``w``: slots grouped by their partial-sum ops (slots that share
+    one are one group), kept where every use of the ops and of the ops between them and the adds
+    lies inside the tree."""
     groups: list[_Group] = []
     for s in range(len(w.results)):
         found = _match_slot(w, s)
         if found is None:
             continue
-        slot, source, chain = found
-        group = next((g for g in groups if g.source == source), None)
-        if group is None:
-            split = _dot_split(source, mesh) if source.name == "stablehlo.dot_general" else _reduce_split(source, mesh)
-            if split is None:
-                continue
-            group = _Group(source, *split)
-            groups.append(group)
-        group.slots.append(slot)
-        group.chain.extend(c for c in chain if not any(c == g for g in group.chain))
+        slot, ops, chain = found
+        splits = [_dot_split(o, mesh) if o.name == "stablehlo.dot_general" else _reduce_split(o, mesh) for o in ops]
+        if any(x is None for x in splits) or len({x[2] for x in splits}) != 1:
+            continue
+        group = _Group(splits[0][2])
+        for g in [g for g in groups if any(o == t[0] for o in ops for t in g.sources)]:
+            groups.remove(g)  # a shared source has one split: the same axes
+            group.take(g.sources, g.chain, g.slots)
+        group.take([(o, kind, dims) for o, (kind, dims, _) in zip(ops, splits)], chain, [slot])
+        groups.append(group)
     return [g for g in groups if _closed(g)]
 
 
 def _closed(g: _Group) -> bool:
-    """Every result use of the source and of the chain ops is a chain op or one of the adds."""
+    """Every result use of the sources and of the chain ops is a chain op or one of the adds."""
     inside = g.chain + [slot.add for slot in g.slots]
-    for op in [g.source, *g.chain]:
+    for op in [*(t[0] for t in g.sources), *g.chain]:
         for use in op.results[0].uses:
             if not any(_owner_op(use.owner) == o for o in inside):
                 return False
@@ -233,8 +193,8 @@ def _owner_op(owner):
 
 
 def _match_slot(w, s: int):
-    """``(slot, source, chain)`` when carried slot ``s`` yields ``add(arg_s, tree(source))``
-    (module docstring) with a zero init; else None."""
+    """``(slot, sources, chain)`` when carried slot ``s`` yields an add tree of ``arg_s`` and chains
+    over partial-sum ops (module docstring, ``_AddTree``) with a zero init; else None."""
     body, cond = w.regions[1].blocks[0], w.regions[0].blocks[0]
     arg, ret = body.arguments[s], list(body.operations)[-1]
     t = ir.RankedTensorType(arg.type)
@@ -246,16 +206,45 @@ def _match_slot(w, s: int):
     if add is None or add.name != "stablehlo.add" or not _single_use(y) or \
             any(not _single_use(o.results[0]) for o in yield_side):
         return None
-    for a, b in ((0, 1), (1, 0)):
-        arg_side = []
-        if _strip_constraints(add.operands[a], arg_side) == arg and _single_use(arg) and \
-                all(_single_use(o.results[0]) for o in arg_side):
-            found = _match_source(add.operands[b])
-            if found is None or any(constraint_dims(o) is None for o in arg_side + yield_side):
-                return None
-            source, chain = found
-            return _Slot(s, add, arg_side, yield_side), source, chain
-    return None
+    tree = _AddTree(arg)
+    if not tree.walk(add) or tree.arg_side is None or not tree.sources or \
+            any(constraint_dims(o) is None for o in tree.arg_side + yield_side):
+        return None
+    return _Slot(s, add, tree.arg_side, yield_side), tree.sources, tree.chain
+
+
+class _AddTree:
+    """The adds under a slot's yield: exactly one leaf is the carried ``arg`` (through single-use
+    constraints, ``arg_side``), every other leaf a chain over a partial-sum op (``sources``); the
+    inner adds and the constraints between adds join ``chain``. ``acc + d1 + d2`` and
+    ``acc + (d1 + d2)`` are both trees (an RK4 step's weight gradient is four dots added in turn)."""
+
+    def __init__(self, arg):
+        self.arg, self.arg_side = arg, None
+        self.sources: list = []
+        self.chain: list = []
+
+    def walk(self, add) -> bool:
+        for v in add.operands:
+            cons = []
+            u = _strip_constraints(v, cons)
+            inner = _owner(u)
+            if u == self.arg:
+                if self.arg_side is not None or not _single_use(u) or any(not _single_use(o.results[0]) for o in cons):
+                    return False
+                self.arg_side = cons
+            elif inner is not None and inner.name == "stablehlo.add" and _single_use(u) and \
+                    all(_single_use(o.results[0]) and constraint_dims(o) is not None for o in cons):
+                self.chain.extend([inner, *cons])
+                if not self.walk(inner):
+                    return False
+            else:
+                found = _match_source(v)
+                if found is None:
+                    return False
+                self.sources.append(found[0])
+                self.chain.extend(found[1])
+        return True
 
 
 def _match_source(value):
@@ -444,11 +433,11 @@ def _split_operand(value, k: int, n: int, dims, axes, mesh_name: str):
 
 def _rewrite(w, g: _Group, mesh: LogicalMesh, mesh_name: str) -> None:
     n = math.prod(mesh.shape[mesh.axis_names.index(a)] for a in g.axes)
-    src = g.source
-    with ir.InsertionPoint(src):
-        new = (_split_dot if g.kind == "dot" else _split_reduce)(src, g.dims, n, g.axes, mesh_name)
-    src.results[0].replace_all_uses_with(new)
-    src.erase()
+    for src, kind, dims in g.sources:
+        with ir.InsertionPoint(src):
+            new = (_split_dot if kind == "dot" else _split_reduce)(src, dims, n, g.axes, mesh_name)
+        src.results[0].replace_all_uses_with(new)
+        src.erase()
     for op in g.chain:
         _retype(op, n, g.axes, mesh_name)
     body, cond = w.regions[1].blocks[0], w.regions[0].blocks[0]

@@ -12,15 +12,22 @@ Input IR state: the module the graph's locators describe. Output IR state: the s
 every call path the graph records reaches its own copy of the callee (``<name>_ap<k>``; the first
 path keeps the original), and a graph copy whose locators name those copies. XLA inlines calls
 before partitioning, so the copies change nothing else.
+
+:func:`inline_calls` goes the other way: it copies callees' bodies into a block (a scan body's
+``@closed_call`` into its while loop), for passes that match ops across the call
+(:mod:`alpa_pass.emit.accumulation`).
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from jaxlib.mlir import ir
 
 from alpa_pass.extract.graph import OpGraph
 from alpa_pass.extract.stablehlo import functions
+
+_NAME_LOC = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"(?!:\d)')
 
 
 def specialize_callees(module: ir.Module, graph: OpGraph) -> OpGraph:
@@ -109,3 +116,55 @@ def _clone_func(module: ir.Module, func, name: str):
     clone.attributes["sym_name"] = ir.StringAttr.get(name)
     clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
     return clone.operation if hasattr(clone, "operation") else clone
+
+
+def inline_calls(block, funcs: dict) -> None:
+    """Replace every ``func.call`` in ``block`` (and in the regions of its ops, at any depth) by
+    a copy of the callee's body: jax puts a scan's body in ``@closed_call``, and the accumulator's
+    add and yield must sit in one block. The callees stay (other callers may use them)."""
+    for op in list(block.operations):
+        op = op.operation
+        if op.name == "func.call":
+            callee = funcs[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
+            body = callee.regions[0].blocks[0]
+            mapping = dict(zip(body.arguments, op.operands))
+            caller = _loc_name(op.location)
+            with ir.InsertionPoint(op):
+                for inner in body.operations:
+                    inner = inner.operation
+                    if inner.name == "func.return":
+                        results = [mapping.get(v, v) for v in inner.operands]
+                        break
+                    new = inner.clone()
+                    callee = _loc_name(inner.location)
+                    if caller is not None and callee is not None:  # the HLO op_name XLA's own inlining gives
+                        new.location = ir.Location.name(f"{caller}/{callee}", childLoc=inner.location)
+                    _remap(new, mapping)
+                    mapping.update(zip(inner.results, new.results))
+            for old, new in zip(op.results, results):
+                old.replace_all_uses_with(new)
+            op.erase()
+    for op in block.operations:  # the copies' own calls and nested regions, now in this block
+        op = op.operation
+        if op.name == "func.call":
+            return inline_calls(block, funcs)
+        for region in op.regions:
+            for inner_block in region.blocks:
+                inline_calls(inner_block, funcs)
+
+
+def _loc_name(loc) -> str | None:
+    """The name of a ``loc("name"(...))`` location (jax's name stack), or None."""
+    m = _NAME_LOC.match(str(loc))
+    return m.group(1) if m else None
+
+
+def _remap(op, mapping: dict) -> None:
+    """Point ``op``'s operands (and those of the ops in its regions) through ``mapping``."""
+    for i, v in enumerate(op.operands):
+        if v in mapping:
+            op.operands[i] = mapping[v]
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                _remap(inner.operation, mapping)

@@ -10,11 +10,13 @@ micro-batch count). So such a dot's own communication cost counts with the weigh
 loop, not the trip count; its compute and the resharding of its operands still count every trip.
 
 The graph pattern (the one the emission pass matches in the module): a carried slot whose carry
-node's only user is the yield, an ``stablehlo.add`` of the carry and a chain of
-``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stablehlo.convert`` / ``stablehlo.slice`` nodes
-(and reduces of size-1 dims, products and quotients with a constant: a mean's divisor) over a dot
-or reduce, where every user of the dot and of the chain nodes is in the chains of the carries it
-feeds (a fused LSTM kernel's gradient is sliced into its gates' accumulators). What emission
+node's only user is an add in the yield's tree of ``stablehlo.add`` nodes (``acc + g``, or
+``acc + g1 + g2 ...``: an RK4 step adds its four stages' weight gradients in turn) whose other
+leaves are chains of ``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stablehlo.convert`` /
+``stablehlo.slice`` nodes (and reduces of size-1 dims, products and quotients with a constant: a
+mean's divisor) over a dot or reduce, where every user of the dot and of the chain nodes is in the
+chains of the carries it feeds (a fused LSTM kernel's gradient is sliced into its gates'
+accumulators). What emission
 checks besides (the init is zeros, a reduce sums, the partial sums come from one contracted /
 reduced dim) is not in the graph: a node that matches here but not there is costed as reduced
 once and is all-reduced every trip (an optimistic estimate, never wrong numbers).
@@ -40,32 +42,55 @@ def accumulated_comm_weights(graph: OpGraph, loops: list) -> np.ndarray | None:
     out = np.asarray(graph.weights, dtype=np.float64).copy()
     found = False
     for carry, yields, outer in loops:
-        trees: dict[int, tuple[set, set]] = {}  # partial-sum node -> (chain nodes, adds)
+        trees: list[tuple[set, set, set]] = []  # (partial-sum nodes, chain nodes, adds) per tree
         for c, y in zip(carry, yields):
-            hit = _accumulated_source(graph, users, c, y)
-            if hit is not None:
-                chain, adds = trees.setdefault(hit[0], (set(), set()))
-                chain.update(hit[1])
-                adds.add(y)
-        for source, (chain, adds) in trees.items():
-            if all(set(users[v]) <= chain | adds for v in chain | {source}):
-                out[source] = outer
+            hit = _accumulated_sources(graph, users, c, y)
+            if hit is None:
+                continue
+            tree = (set(hit[0]), set(hit[1]), {y})
+            for other in [t for t in trees if t[0] & tree[0]]:  # slots that share a source: one tree
+                trees.remove(other)
+                for mine, theirs in zip(tree, other):
+                    mine.update(theirs)
+            trees.append(tree)
+        for sources, chain, adds in trees:
+            if all(set(users[v]) <= chain | adds for v in chain | sources):
+                out[list(sources)] = outer
                 found = True
     return out if found else None
 
 
-def _accumulated_source(graph: OpGraph, users: list, c: int, y: int) -> tuple[int, list[int]] | None:
-    """(partial-sum node, chain nodes) for carry ``c`` yielded as ``y = add(c, chain(node))``."""
-    ops = graph.operands(y)
-    if graph.op_names[y] != "stablehlo.add" or len(ops) != 2 or c not in ops or users[c] != [y]:
+def _accumulated_sources(graph: OpGraph, users: list, c: int, y: int) -> tuple[list[int], list[int]] | None:
+    """(partial-sum nodes, chain nodes) for carry ``c`` yielded as a tree of adds ``y`` whose leaves
+    are ``c`` (once) and chains over partial-sum nodes: ``c + chain(dot)``, ``c + d1 + d2 ...``
+    (the inner adds, read only by their parent add, join the chain nodes)."""
+    if graph.op_names[y] != "stablehlo.add" or len(users[c]) != 1:
         return None
-    v, chain = ops[1] if ops[0] == c else ops[0], []
-    while graph.op_names[v] in _CHAIN or _drops_unit_dims(graph, v) or _scaled(graph, v) is not None:
-        chain.append(v)
-        v = graph.operands(v)[_scaled(graph, v) or 0]
-    if OpKind(int(graph.kind[v])) not in (OpKind.DOT, OpKind.REDUCE):
-        return None
-    return v, chain
+    sources: list[int] = []
+    chain: list[int] = []
+    seen_carry = False
+    stack = [y]
+    while stack:
+        add = stack.pop()
+        ops = graph.operands(add)
+        if len(ops) != 2:
+            return None
+        for v in ops:
+            if v == c:
+                if seen_carry or users[c] != [add]:
+                    return None
+                seen_carry = True
+            elif graph.op_names[v] == "stablehlo.add" and users[v] == [add]:
+                chain.append(v)
+                stack.append(v)
+            else:
+                while graph.op_names[v] in _CHAIN or _drops_unit_dims(graph, v) or _scaled(graph, v) is not None:
+                    chain.append(v)
+                    v = graph.operands(v)[_scaled(graph, v) or 0]
+                if OpKind(int(graph.kind[v])) not in (OpKind.DOT, OpKind.REDUCE):
+                    return None
+                sources.append(v)
+    return (sources, chain) if seen_carry else None
 
 
 def _constant(graph: OpGraph, v: int) -> bool:
