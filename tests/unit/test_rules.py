@@ -391,11 +391,33 @@ def test_convolution_splits_batch_out_features_or_in_features():
     assert ifeat.compute == pytest.approx(flops / 4 * 1e-9)
 
 
-def test_grouped_convolution_only_splits_batch():
+def test_a_depthwise_convolution_splits_its_batch_or_whole_groups():
     b, c = conv_graph([3, 3, 1, 16], 16, groups=16)  # depthwise
-    (s,) = strategies(b, c, MESH14).strategies
-    assert s.name == "conv batch@y"
+    names = {s.name: s for s in strategies(b, c, MESH14).strategies}
+    assert set(names) == {"conv batch@y", "conv group@y"}
+    group = names["conv group@y"]  # 4 of the 16 channels (groups) per device: no communication
+    assert group.ins == [[-1, 3], [-1, 3]] and group.out == [-1, 3] and group.comm == 0
     assert _core.node_flops(built_graph(b), c) == 2 * 8 * 32 * 32 * 16 * 9 * 16 / 16
+    b, c = conv_graph([3, 3, 8, 16], 16, groups=2)  # 2 groups do not split over 4 devices
+    assert [s.name for s in strategies(b, c, MESH14).strategies] == ["conv batch@y"]
+
+
+def test_a_depthwise_weight_gradient_splits_the_batch_or_whole_groups():
+    """The weight gradient of a depthwise layer: lhs = activations [N, H, W, C] read as f01b (the
+    batch N contracted, the channels C the lhs batch), rhs = output gradient [N, H, W, C] read as
+    i01o, result [3, 3, 1, C] (01bf), batch_group_count = C. Split the batch: partial sums of the
+    small filter gradient, all-reduced (data parallelism); or C / 4 whole groups per device."""
+    b = GraphBuilder()
+    x = param(b, [8, 32, 32, 16])
+    dy = param(b, [8, 32, 32, 16], 1)
+    attrs = [3, 0, 2, 1, 2, 0, 3, 1, 2, 2, 3, 0, 1, 1, 16]
+    c = b.add(OpKind.CONVOLUTION, [3, 3, 1, 16], F32, [x, dy], attrs)
+    names = {s.name: s for s in strategies(b, c, MESH14).strategies}
+    assert set(names) == {"conv ifeat@y", "conv group@y"}
+    ifeat, group = names["conv ifeat@y"], names["conv group@y"]
+    assert ifeat.ins == [[-1, 0], [-1, 0]] and ifeat.out == R
+    assert ifeat.comm == pytest.approx(MESH14.all_reduce(3 * 3 * 16 * F32, 1))
+    assert group.ins == [[-1, 3], [-1, 3]] and group.out == [-1, 3] and group.comm == 0
 
 
 # --- gather, scatter -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ namespace alpa::rules {
 namespace {
 
 // choice[k] for the k-th axis of size > 1: 0 = none, r + 1 = roles[r]. Returns false if a split
-// does not divide its dim, or (meshes with >= 3 axes of size > 1) an operand or the result spec is
+// does not divide its dim (or a role's groups), or (meshes with >= 3 axes of size > 1) an operand or the result spec is
 // not in two blocks (spec.h).
 bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles,
            const std::vector<int>& axes, const std::vector<size_t>& choice, const std::string& op,
@@ -14,6 +14,7 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles
   const auto ops = g.operands(v);
   Spec lhs = replicated_spec(ctx.mesh), rhs = lhs, out = lhs;
   std::vector<std::string> labels(ctx.mesh.ndim());
+  std::vector<int64_t> role_devices(roles.size(), 1);
   int64_t devices = 1;
   for (size_t k = 0; k < axes.size(); ++k) {
     if (choice[k] == 0) continue;
@@ -24,6 +25,10 @@ bool build(const RuleContext& ctx, int64_t v, const std::vector<AxisRole>& roles
     out[a] = r.out_dim;
     labels[a] = r.label;
     devices *= ctx.mesh.shape[a];
+    role_devices[choice[k] - 1] *= ctx.mesh.shape[a];
+  }
+  for (size_t r = 0; r < roles.size(); ++r) {
+    if (roles[r].groups > 0 && roles[r].groups % role_devices[r] != 0) return false;
   }
   if (!spec_fits(lhs, g.shape(ops[0]), ctx.mesh) || !spec_fits(rhs, g.shape(ops[1]), ctx.mesh) ||
       !spec_fits(out, g.shape(v), ctx.mesh) || !spec_in_two_blocks(lhs, ctx.mesh) ||

@@ -75,6 +75,7 @@ struct AxisRole {
   int32_t lhs_dim = -1, rhs_dim = -1, out_dim = -1;
   bool partial = false;
   std::string label;  // e.g. "b0", "lfree1", "c0"
+  int64_t groups = 0;  // > 0: the devices of the axes taking this role must divide it (conv groups)
 };
 
 // Every assignment of each mesh axis of size > 1 to one of `roles` or to none, whose splits divide
