@@ -16,10 +16,10 @@ leaves are chains of ``stablehlo.transpose`` / ``stablehlo.reshape`` / ``stableh
 ``stablehlo.slice`` nodes (and reduces of size-1 dims, products and quotients with a constant: a
 mean's divisor) over a dot or reduce, where every user of the dot and of the chain nodes is in the
 chains of the carries it feeds (a fused LSTM kernel's gradient is sliced into its gates'
-accumulators). What emission
-checks besides (the init is zeros, a reduce sums, the partial sums come from one contracted /
-reduced dim) is not in the graph: a node that matches here but not there is costed as reduced
-once and is all-reduced every trip (an optimistic estimate, never wrong numbers).
+accumulators). What emission checks besides (the init is zeros, a reduce sums, the partial sums
+come from one contracted / reduced dim, every source of a tree split over the same axes) is not in
+the graph: a node that matches here but not there is costed as reduced once and is all-reduced
+every trip (an optimistic estimate, never wrong numbers).
 """
 from __future__ import annotations
 
