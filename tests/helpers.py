@@ -72,6 +72,12 @@ def total_bytes(hlo_text: str) -> dict[str, int]:
     return {k: v["bytes"] for k, v in summarize(collectives(hlo_text)).items()}
 
 
+def communication(plan) -> float:
+    """The plan's predicted communication: collectives inside ops plus reshards between them (its
+    objective also holds compute, 1e-4 per FLOP with unit costs, and the memory tie-breaker)."""
+    return plan.predicted["communication"] + plan.predicted["resharding"]
+
+
 def specs_by_path(tree, specs) -> dict[str, object]:
     """Map ``jax.tree_util.keystr`` of each leaf of ``tree`` to the matching entry of ``specs``.
 

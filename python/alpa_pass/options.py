@@ -35,7 +35,11 @@ class AutoShardingOption:
         Alpa's test expects; on, it trades them for all-to-alls and all-gathers the alpha-beta model
         prices ~10% lower.
       compute_cost_per_flop: weight of per-device FLOPs in the objective, in the units of the mesh's
-        alpha/beta (a tie-breaker by default).
+        alpha/beta (default 1e-4: with beta 1 per byte, 1e4 FLOPs cost as much as one byte sent,
+        between what an H100 computes while NVLink (~2e3) and InfiniBand (~2e4) move a byte). Plans
+        of equal communication then differ by their compute, and large work that would otherwise
+        run replicated on every device to save a small all-reduce (a [N, K, D] broadcast of
+        distances, RNG over a [B, K, V] tensor) is split. A measured profile replaces it.
       memory_cost_per_byte: weight of each argument's per-device bytes in the objective (a
         tie-breaker towards split arguments, e.g. the batch of a data-parallel step).
       memory_budget_per_device: bytes (an int, or a size such as ``"16GiB"`` or ``"512MB"``,
@@ -158,7 +162,7 @@ class AutoShardingOption:
 
     allow_replicated_heavy_ops: bool = False
     allow_mixed_mesh_shape: bool = True
-    compute_cost_per_flop: float = 1e-9
+    compute_cost_per_flop: float = 1e-4
     memory_cost_per_byte: float = 1e-9
     memory_budget_per_device: int | None = None
     merge_followers: bool = True

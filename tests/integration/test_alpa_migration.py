@@ -18,6 +18,7 @@ import pytest
 from flax.training.train_state import TrainState
 
 import alpa_pass as alpa
+from tests import helpers
 
 
 class MLP(nn.Module):
@@ -158,7 +159,7 @@ def test_alpa_2d_mlp_without_gathers_compiles_to_alpas_six_all_reduces():
     # kernels' columns (Alpa replicates them), so their gradients all-reduce 64 B, not 128 B, over
     # x; and the gradient all-reduces pay a share of alpha (XLA combines them into one).
     ours = alpa_objective - (L // 2) * H * 4 / 2
-    assert ours - 2 * L <= exe.auto_sharding_objective <= ours
+    assert ours - 2 * L <= helpers.communication(exe.plan) <= ours
     for k in range(L):
         layer = actual.params["params"][f"Dense_{k}"]
         assert _spec(layer["kernel"]) == ((None, "y") if k % 2 == 0 else ("y", None))
@@ -176,7 +177,7 @@ def test_alpa_force_data_parallel_on_a_2d_mesh_is_one_gradient_all_reduce():
                                                               auto_sharding_option=option), L, B, H)
     assert alpa.util.count_communication_primitives(exe.get_hlo_text()) == (1, 1, 0, 0, 0)
     grad_bytes = L * (H * H + H) * 4
-    assert exe.auto_sharding_objective == pytest.approx(1 + 2 * 3 / 4 * grad_bytes, rel=1e-5)
+    assert helpers.communication(exe.plan) == pytest.approx(1 + 2 * 3 / 4 * grad_bytes, rel=1e-5)
     assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(actual.params))
     alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
 
@@ -188,7 +189,7 @@ def test_alpa_force_batch_dim_on_a_size_one_axis_leaves_model_parallelism():
     option = alpa.AutoShardingOption(force_batch_dim_to_mesh_dim=0)
     actual, expected, exe = _alpa_mlp_step(alpa.ShardParallel(devices=_four_device_mesh([1, 4], [1, 1]),
                                                               auto_sharding_option=option), L, B, H)
-    assert exe.auto_sharding_objective == pytest.approx((L - 1) * (1 + 1.5 * B * H * 4), rel=1e-5)
+    assert helpers.communication(exe.plan) == pytest.approx((L - 1) * (1 + 1.5 * B * H * 4), rel=1e-5)
     assert alpa.util.count_communication_primitives(exe.get_hlo_text()) == (L - 1, L - 1, 0, 0, 0)
     alpa.testing.assert_allclose(expected.params, actual.params, rtol=1e-5, atol=1e-5)
 

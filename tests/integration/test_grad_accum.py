@@ -16,6 +16,7 @@ from jax import lax
 import alpa_pass as ap
 from alpa_pass.errors import ShardingError
 from alpa_pass.extract.stablehlo import extract_graph, parse_module
+from tests import helpers
 
 K, B, H = 4, 512, 64
 OPT = optax.adam(1e-2)
@@ -174,7 +175,8 @@ def test_num_micro_batches_equals_plain_step_and_scan(shape):
     scan_exe = ap.parallelize(scan_step, method=ap.ShardParallel(mesh=mesh)).get_executable(state, batch)
     assert exe.plan.emit_report.accumulators == scan_exe.plan.emit_report.accumulators >= 3
     assert loop_collectives(exe.hlo_text()) == loop_collectives(scan_exe.hlo_text()) == (0, 1)
-    assert exe.plan.objective == pytest.approx(scan_exe.plan.objective, rel=1e-6)
+    # the same communication (their compute differs by the accumulating adds of the markers' loop)
+    assert helpers.communication(exe.plan) == pytest.approx(helpers.communication(scan_exe.plan), rel=1e-6)
     _trains_like_jit(step, plain_step, state, batch, 2)
 
 
@@ -222,7 +224,8 @@ def test_micro_batches_of_a_split_batch_stay_on_their_devices(method):
     assert counts == (1, 1, 0, 0, 0) and loop_collectives(exe.hlo_text())[0] == 0, counts
     assert exe.input_shardings[-1].spec[0] == ("x", "y") or exe.input_shardings[-1].spec[0] == "y"
     whole = ap.parallelize(plain_step, method=ap.DataParallel(mesh=ap.LogicalMesh((1, 8)))).get_executable(state, batch)
-    assert exe.plan.objective == pytest.approx(whole.plan.objective, rel=1e-6)
+    # the same communication (the micro-batched step also computes its accumulating adds)
+    assert helpers.communication(exe.plan) == pytest.approx(helpers.communication(whole.plan), rel=1e-6)
     _trains_like_jit(step, plain_step, state, batch, 2)
 
 

@@ -91,7 +91,7 @@ def test_matmul_objective_by_hand():
     prob = matmul_problem()
     ilp = prob.ilp
     assert ilp.num_groups == 3 and ilp.num_edge_vars == 2 * 3 * 3
-    compute = 2 * 32 * 256 * 256 / 4 * 1e-9
+    compute = 2 * 32 * 256 * 256 / 4 * _core.CoreOptions().compute_cost_per_flop  # the default, 1e-4
     x_rows = strategy_index(prob, 0, out=[-1, 0])
     w_repl = strategy_index(prob, 1, out=R)
     rows = strategy_index(prob, 2, name="dot lfree0@y")
@@ -221,7 +221,9 @@ def test_measured_rates_cost_the_bytes_a_dot_moves_and_16_bit_dots_at_their_rate
     dh = b.add(OpKind.DOT, [32, 128], 2, [xh, wh], [0, 1, 1, 0])
     g = built_graph(b)
     per_flop, per_byte = 1e-9, 5e-9
-    base = _core.build_sharding_problem(g, MESH24, options(), [])
+    plain = options()
+    plain.compute_cost_per_flop = per_flop
+    base = _core.build_sharding_problem(g, MESH24, plain, [])
     measured = options()
     measured.compute_cost_per_flop, measured.compute_cost_per_flop_half = per_flop, per_flop / 2
     measured.compute_cost_per_byte = per_byte

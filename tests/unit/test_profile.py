@@ -109,7 +109,7 @@ def test_bad_profiles_are_option_errors(tmp_path):
 def test_profile_sets_the_mesh_and_compute_costs_the_core_receives():
     mesh = ap.LogicalMesh(shape=(2, 4), alpha=(1.0, 1.0), beta=(1.0, 1.0))
     plain = ap.AutoShardingOption()
-    assert plain.core_mesh(mesh).beta == [1.0, 1.0] and plain.to_core().compute_cost_per_flop == 1e-9
+    assert plain.core_mesh(mesh).beta == [1.0, 1.0] and plain.to_core().compute_cost_per_flop == 1e-4
     option = ap.AutoShardingOption(profile=synthetic({1: 1e-8, 2: 5e-9, 4: 1e-7}, alpha=2e-5, flops=4e9))
     core = option.core_mesh(mesh)
     assert core.shape == [2, 4] and core.alpha == [2e-5, 2e-5] and core.beta == [1e-7, 1e-8]  # strides 4, 1

@@ -10,6 +10,7 @@ from alpa_pass.extract.graph import GraphBuilder, OpKind
 from tests.helpers import F32, MESH14, MESH24, built_graph
 
 R = [-1, -1]
+PER_FLOP = _core.CoreOptions().compute_cost_per_flop  # the default, 1e-4
 
 
 def options(**kw):
@@ -111,7 +112,7 @@ def test_elementwise_follower_prefers_non_broadcast_non_parameter():
     for t in ns.strategies:
         assert t.ins == [t.out] * 4 + [R]  # rank-0 operand replicated
         shards = np.prod([MESH24.shape[a] for a in range(2) if t.out[a] >= 0])
-        assert t.compute == pytest.approx(32 * 256 / shards * 1e-9)
+        assert t.compute == pytest.approx(32 * 256 / shards * PER_FLOP)
 
 
 def test_elementwise_with_unshardable_dims_enumerates_its_own_specs():
@@ -304,7 +305,7 @@ def test_dot_on_1x4_has_row_column_and_contracting_splits():
     assert row.comm == pytest.approx(MESH14.all_reduce(32 * 256 * F32, 1))
     batch = names["dot lfree0@y"]
     assert batch.out == [-1, 0] and batch.ins == [[-1, 0], R]
-    assert all(s.compute == pytest.approx(2 * 32 * 256 * 256 / 4 * 1e-9) for s in ns.strategies)
+    assert all(s.compute == pytest.approx(2 * 32 * 256 * 256 / 4 * PER_FLOP) for s in ns.strategies)
     with_repl = strategies(b, d, MESH14, allow_replicated_heavy_ops=True).strategies
     assert len(with_repl) == 4 and with_repl[0].out == R and with_repl[0].name == "dot R"
 
@@ -388,7 +389,7 @@ def test_convolution_splits_batch_out_features_or_in_features():
     assert ifeat.comm == pytest.approx(MESH14.all_reduce(8 * 32 * 32 * 32 * F32, 1))
     flops = 2 * 8 * 32 * 32 * 32 * 9 * 16
     assert _core.node_flops(built_graph(b), c) == flops
-    assert ifeat.compute == pytest.approx(flops / 4 * 1e-9)
+    assert ifeat.compute == pytest.approx(flops / 4 * PER_FLOP)
 
 
 def test_a_depthwise_convolution_splits_its_batch_or_whole_groups():

@@ -20,8 +20,12 @@ struct CoreOptions {
   // trades each all-reduce for an all-to-all plus all-gathers). Off: a node keeps only strategies
   // whose specs split each dim over at most one such axis (all of them if none does).
   bool allow_mixed_mesh_shape = true;
-  // Cost per FLOP of per-device compute (tie-breaker between otherwise equal strategies).
-  double compute_cost_per_flop = 1e-9;
+  // Cost per FLOP of per-device compute, in the mesh's alpha/beta units. The default, 1e-4 with
+  // beta 1 per byte, prices 1e4 FLOPs like one byte sent (an H100 does ~2e3 bf16 FLOPs in the
+  // time NVLink moves a byte, ~2e4 over InfiniBand): a tie-breaker between plans of the same
+  // communication, and big replicated work (a [N, K, D] broadcast, RNG over a large tensor) is
+  // split rather than run whole on every device to save a small all-reduce.
+  double compute_cost_per_flop = 1e-4;
   // Cost per FLOP of a dot or convolution whose operands are 16-bit floats (bf16, f16: 2-byte
   // elements); <= 0: compute_cost_per_flop (a measured profile sets both: matmul FLOP/s per dtype).
   double compute_cost_per_flop_half = 0.0;
