@@ -425,6 +425,24 @@ def test_host_code_helpers_fed_by_a_plan_run_on_one_device_as_in_plain_jax():
     np.testing.assert_allclose(out["logdets"], plain["logdets"], rtol=1e-5)
 
 
+def test_a_batch_committed_to_one_device_beside_planned_weights_runs_there():
+    """tests/scripts/train_then_committed_batch.py: a loader that commits batches to one device
+    (``jax.device_put(x, jax.devices()[3])``) after planned steps. Plain jax's uncommitted
+    outputs follow the batch; the planned step's outputs are committed to all 8 devices, and jax
+    refused the mix ("Received incompatible devices for jitted computation"). Now the step runs
+    where the user's batch is, as under plain jax, with the same numbers (and the eval step on a
+    batch committed to device 5 likewise), said once per step at info level."""
+    plain, _, _ = _run("train_then_committed_batch.py")
+    out, run, stderr = _run("train_then_committed_batch.py", JAX_PLUGINS="alpa_pass", ALPA_PASS_LOG="info")
+    assert stderr.count("planned train_step on mesh 1x8") == 1, stderr
+    assert stderr.count("train_step runs untouched (arguments committed to 1 of the 8 devices") == 1, stderr
+    assert out["devices"]["w1_after_1"] == list(range(8)) and plain["devices"]["w1_after_1"] == [0]
+    for k in ("pred", "w1_after_2", "w1_after_4"):
+        assert out["devices"][k] == plain["devices"][k] == ([5] if k == "pred" else [3]), out["devices"]
+    np.testing.assert_allclose(out["losses"], plain["losses"], rtol=1e-5)
+    assert out["eval_error"] == pytest.approx(plain["eval_error"], rel=1e-5)
+
+
 def test_batched_lapack_the_jaxpr_does_not_show_runs_on_one_device():
     """tests/scripts/train_then_hidden_lapack.py: a batched QR inside a primitive lowered by
     ``mlir.lower_fun`` (lineax's GMRES does its QR inside Equinox's primitive: a vmapped solve in

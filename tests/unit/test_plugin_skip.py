@@ -184,6 +184,28 @@ def test_a_step_the_user_placed_on_one_device_is_told_once(w, caplog):
     assert lowered == [[one, one]] * 2 and hook.stats.passed == 2
 
 
+def test_a_tiny_step_with_matmuls_is_told_once_and_a_tiny_helper_is_not(caplog):
+    """A step with matmuls under ALPA_PASS_MIN_BYTES (an eval step at batch 32) runs on one device,
+    and the log says why and how to plan it once at info level (it was a debug line: the user saw
+    no parallelism and no reason); a tiny helper without one (an optimizer-state init, an eager
+    elementwise op) stays a debug line."""
+    import logging
+
+    hook = LoweringHook(PluginConfig(min_bytes=1 << 18))
+    x = jnp.ones((32, 64))
+    kwargs = {"context_mesh": types.SimpleNamespace(empty=True)}
+    heavy = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b) @ b)(x, jnp.ones((64, 64)))
+    helper = jax.make_jaxpr(lambda a: jnp.tanh(a) * 2)(x)
+    with caplog.at_level(logging.INFO, logger="alpa_pass"):
+        for name, closed in [("eval_step", heavy), ("eval_step", heavy), ("init", helper)]:
+            hook(lambda *a, **k: None, closed, "jit", name, [_compat.unspecified()] * len(closed.in_avals),
+                 [_compat.unspecified()], None, None, None, **kwargs)
+    told = [r.getMessage() for r in caplog.records if "untouched" in r.getMessage()]
+    assert told == ["alpa_pass: eval_step runs untouched on one device (tiny: 32768 bytes of arguments and "
+                    "results, values of at most 8192 bytes < 262144; ALPA_PASS_MIN_BYTES=0 plans it)"], told
+    assert hook.stats.passed == 3
+
+
 def test_a_remat_offload_policy_is_not_a_user_sharding(w):
     # (the policy's device_puts name memory spaces, not devices: the whole step ran untouched as
     # "user shardings inside (device_put)"); a device_put to a device still is one

@@ -110,7 +110,7 @@ class LoweringHook:
         self._planner = None
         self._local = threading.local()
         self._owned_meshes: set = set()  # mesh_identity() of the meshes of our plans
-        self._told: set = set()  # names of steps logged at info as placed apart by the user
+        self._told: set = set()  # names of steps logged at info as placed apart or tiny
 
     def __call__(self, original, closed_jaxpr, api_name, fun_name, in_shardings, out_shardings,
                  in_layouts, out_layouts, donated_invars, **kwargs):
@@ -159,18 +159,26 @@ class LoweringHook:
             self._told.add(fun_name)  # (a step the user placed: say so once, not at every call)
             log.info("alpa_pass: %s runs untouched (%s: it runs where they are; pass them uncommitted "
                      "to have it planned)", fun_name, reason)
+        elif (reason.startswith("tiny") and fun_name not in self._told
+              and _compat.jaxpr_primitive_names(closed_jaxpr) & HEAVY_PRIMITIVES):
+            self._told.add(fun_name)  # (a small step with matmuls, e.g. an eval step at batch 32: once)
+            log.info("alpa_pass: %s runs untouched on one device (%s; ALPA_PASS_MIN_BYTES=0 plans it)",
+                     fun_name, reason)
         else:
             log.debug("alpa_pass: %s runs untouched (%s)", fun_name, reason)
         self.stats.passed += 1
         ours = reason != "inside alpa_pass planning" and any(self._ours(s) for s in in_shardings) and \
             jax.process_count() == 1
-        lowered = None if ours and _hang_risk(closed_jaxpr) else original(*args, **kwargs)
+        apart = ours and _PLACED_APART.match(reason) is not None
+        lowered = None if ours and (apart or _hang_risk(closed_jaxpr)) else original(*args, **kwargs)
         if ours and (lowered is None or _lapack_in_module(lowered)):
             # Arguments a plan left on its mesh would run it on every simulated device, and
             # hang there (r3: a planned step's scalar into a vmapped cholesky: 6 s a step, plain
             # 0.01 s). Lowered as plain jax lowers uncommitted arguments (on the default device,
             # its results uncommitted: a later plan still takes them), they are moved there on
-            # entry (Python dispatch).
+            # entry (Python dispatch). So are they beside a batch the user committed to one device
+            # (``apart``), where plain jax's uncommitted outputs follow it: lowered as they were,
+            # jax refused the mix of devices ("Received incompatible devices").
             log.debug("alpa_pass: %s reads arguments on a plan's mesh; it runs on one device", fun_name)
             in_shardings = tuple(_compat.unspecified() if self._ours(s) else s for s in in_shardings)
             return _compat.python_dispatch(original(*args[:3], in_shardings, *args[4:], **kwargs))
