@@ -22,6 +22,7 @@ from alpa_pass.driver import jit as jit_module
 from alpa_pass.driver.budget import LEAST_MEMORY_STATUS
 from alpa_pass.driver.jit import CPU_MEMORY_SCHEDULER_FLAG, make_plan
 from alpa_pass.driver.planning import core_graph
+from tests import helpers
 from zoo import default_optimizer, gpt, init_state, mlp, moe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -52,10 +53,6 @@ def _xla_peak(exe) -> int:
     """Per-device bytes XLA allocates: arguments + outputs + temporaries - donated (aliased) outputs."""
     m = exe.memory_analysis()
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-
-
-def _communication(plan) -> float:
-    return plan.predicted["communication"] + plan.predicted["resharding"]
 
 
 def _split_param_fraction(plan, params) -> float:
@@ -123,7 +120,7 @@ def test_tightening_the_budget_shards_parameters(gpt_free):
         assert plan.ilp_size["memory_rows"] > 0
         plans.append(plan)
     peaks = [p.predicted_peak_bytes for p in plans]
-    comms = [_communication(p) for p in plans]
+    comms = [helpers.communication(p) for p in plans]
     splits = [_split_param_fraction(p, state[0]) for p in plans]
     assert peaks[0] > peaks[1] > peaks[2], peaks
     assert comms[0] < comms[1] < comms[2], comms
