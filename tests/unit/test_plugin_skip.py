@@ -196,14 +196,19 @@ def test_a_tiny_step_with_matmuls_is_told_once_and_a_tiny_helper_is_not(caplog):
     kwargs = {"context_mesh": types.SimpleNamespace(empty=True)}
     heavy = jax.make_jaxpr(lambda a, b: jnp.tanh(a @ b) @ b)(x, jnp.ones((64, 64)))
     helper = jax.make_jaxpr(lambda a: jnp.tanh(a) * 2)(x)
+    # (jax's own tiny function with a dot, jnp.einsum called eagerly by an init: never planned, so
+    # "ALPA_PASS_MIN_BYTES=0 plans it" would be wrong)
+    eager_einsum = jax.make_jaxpr(functools.partial(jnp.einsum, "ij,jk,kl->il"))(x, *[jnp.ones((64, 64))] * 2)
+    assert _compat.defined_in_jax(eager_einsum)
     with caplog.at_level(logging.INFO, logger="alpa_pass"):
-        for name, closed in [("eval_step", heavy), ("eval_step", heavy), ("init", helper)]:
+        for name, closed in [("eval_step", heavy), ("eval_step", heavy), ("init", helper),
+                             ("_einsum", eager_einsum)]:
             hook(lambda *a, **k: None, closed, "jit", name, [_compat.unspecified()] * len(closed.in_avals),
                  [_compat.unspecified()], None, None, None, **kwargs)
     told = [r.getMessage() for r in caplog.records if "untouched" in r.getMessage()]
     assert told == ["alpa_pass: eval_step runs untouched on one device (tiny: 32768 bytes of arguments and "
                     "results, values of at most 8192 bytes < 262144; ALPA_PASS_MIN_BYTES=0 plans it)"], told
-    assert hook.stats.passed == 3
+    assert hook.stats.passed == 4
 
 
 def test_a_remat_offload_policy_is_not_a_user_sharding(w):

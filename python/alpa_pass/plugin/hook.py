@@ -160,8 +160,11 @@ class LoweringHook:
             log.info("alpa_pass: %s runs untouched (%s: it runs where they are; pass them uncommitted "
                      "to have it planned)", fun_name, reason)
         elif (reason.startswith("tiny") and fun_name not in self._told
-              and _compat.jaxpr_primitive_names(closed_jaxpr) & HEAVY_PRIMITIVES):
-            self._told.add(fun_name)  # (a small step with matmuls, e.g. an eval step at batch 32: once)
+              and _compat.jaxpr_primitive_names(closed_jaxpr) & HEAVY_PRIMITIVES
+              and not _compat.defined_in_jax(closed_jaxpr)):
+            # (a small step with matmuls, e.g. an eval step at batch 32: once; not jax's own eager
+            # functions, jnp.einsum outside a jit, which ALPA_PASS_MIN_BYTES=0 would not plan)
+            self._told.add(fun_name)
             log.info("alpa_pass: %s runs untouched on one device (%s; ALPA_PASS_MIN_BYTES=0 plans it)",
                      fun_name, reason)
         else:
