@@ -7,6 +7,7 @@ refined plan still computes what single-device ``jax.jit`` does.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from alpa_pass import _core
 from alpa_pass.extract.stablehlo import extract_graph
 from alpa_pass.driver.jit import make_plan, plan_and_compile
 from alpa_pass.driver.planning import core_graph
+from alpa_pass.driver import refine
 from alpa_pass.driver.refine import REFINE_MAX_COLUMNS, expand_assignment
 from alpa_pass.solve.highs import solve_ilp
 from alpa_pass.trace.lower import lower
@@ -73,12 +75,26 @@ def test_moe_refined_plan_matches_single_device():
 
 
 @pytest.mark.slow
-def test_gpt_refined_not_worse_under_a_node_limit():
-    """The 2-layer GPT's unmerged ILP (~257k columns) is above the "auto" threshold; forced on with
-    a tiny node limit, the warm start still guarantees a plan no worse than the merged one, and the
-    result does not depend on the clock (the node limit, not the time limit, stopped it)."""
+def test_gpt_refined_not_worse_under_a_node_limit(monkeypatch):
+    """The 2-layer GPT's unmerged ILP (~262k columns) is above the "auto" column cap. With the cap
+    lifted it refines on "auto" within the LP work bound (its LP: 14.0k of REFINE_LP_ITERATIONS
+    simplex iterations; 145,983 -> 136,980); with the bound below what that LP needs, "auto" keeps
+    the merged plan and says why: a skip that depends on simplex iterations, not on the clock.
+    Forced on, neither applies; with a tiny node limit the warm start still guarantees a plan no
+    worse than the merged one (the node limit, not the time limit, stopped it)."""
     auto, _ = _plan(gpt, gpt.Config(layers=2))  # no wall-clock limit by default
     assert auto.refinement["skipped"].startswith("unmerged ILP has")
+    monkeypatch.setattr(refine, "REFINE_MAX_COLUMNS", 2_000_000)
+    lifted, _ = _plan(gpt, gpt.Config(layers=2))
+    assert lifted.refinement["solve"] == "unmerged" and lifted.refinement["unmerged_status"] == "LP-support plan"
+    assert lifted.refinement["merged_objective"] == auto.objective
+    assert lifted.objective < 0.97 * auto.objective
+    monkeypatch.setattr(refine, "REFINE_LP_ITERATIONS", 2000)
+    bounded, _ = _plan(gpt, gpt.Config(layers=2))
+    assert re.fullmatch(r"its LP relaxation \(\d+ columns, \d+ rows\) needs over 2000 simplex iterations",
+                        bounded.refinement["skipped"]), bounded.refinement
+    assert bounded.objective == bounded.refinement["merged_objective"] == auto.objective
+    monkeypatch.undo()
     forced, _ = _plan(gpt, gpt.Config(layers=2), refine_unmerged=True, refine_node_limit=1)
     r = forced.refinement
     assert "time_limited" not in r

@@ -20,6 +20,7 @@ from alpa_pass.driver.memory_rows import memory_row_matrix, redundant_memory_row
 from alpa_pass.driver.reshard_copies import ReshardCopies
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.solve.highs import SUPPORT_STATUS, Solution, SolveOptions, Support, lp_bound, solve_ilp
+from alpa_pass.solve.support import LpWorkLimitError
 
 log = logging.getLogger("alpa_pass")
 
@@ -118,8 +119,8 @@ def solve_within_budget(problem, budget: int | None, options: SolveOptions, wher
                  problem.num_memory_rows - kept.size, problem.num_memory_rows)
         return solve_ilp(problem.ilp_with_memory_rows(kept), options, start=start)
     except (InfeasibleError, SolverError) as e:
-        if not budgeted or (isinstance(e, InfeasibleError) and not explain):
-            raise
+        if not budgeted or (isinstance(e, InfeasibleError) and not explain) or isinstance(e, LpWorkLimitError):
+            raise  # (a refinement's work bound: the caller keeps its plan)
         if isinstance(e, SolverError) and options.objective_bound is not None:
             raise  # a mesh search's cutoff (or a stop) on a shape that cannot beat the best one
         options = dataclasses.replace(options, objective_bound=None)
@@ -359,8 +360,8 @@ def _solve_with_row_generation(problem, options: SolveOptions, where: str, hint,
         try:
             solution = solve_ilp(problem.ilp_with_memory_rows(np.flatnonzero(active)), options, start=start,
                                  candidate=candidate, support=support)
-        except SolverError:
-            if options.objective_bound is not None:
+        except SolverError as e:
+            if options.objective_bound is not None or isinstance(e, LpWorkLimitError):
                 raise  # cut off: the budgeted problem (fewer plans) cannot beat the bound either
             return None, problem
         except InfeasibleError:

@@ -26,6 +26,7 @@ from alpa_pass import _core
 from alpa_pass.errors import InfeasibleError, SolverError
 from alpa_pass.driver.budget import HINT_ROW_FRACTION, solve_within_budget
 from alpa_pass.solve.highs import SolveOptions
+from alpa_pass.solve.support import LpWorkLimitError
 
 log = logging.getLogger("alpa_pass")
 
@@ -49,7 +50,21 @@ log = logging.getLogger("alpa_pass")
 # 2x4 45,945: 14.5 s (22-36 s beside other jobs) / 0.66 s, 706,838 vs 706,841 (LP gap 1.45%);
 # 1-layer GPT 2x4 59,902: 1.05 / 1.08 s, equal. (Was 50,000: the Haiku model planned in 22.7 s.)
 REFINE_SUPPORT_COLUMNS = 40_000
+# "auto" refines up to REFINE_MAX_COLUMNS unmerged columns, and gives up when the LP-support path's
+# LP relaxation needs more than REFINE_LP_ITERATIONS simplex iterations (a deterministic bound on the
+# solve's work: the same plan on any machine and under any load). The column cap does not predict
+# the cost; the iteration bound does, and is meant to replace it (cap -> ~2M, a bound on building the
+# ILP) once the plans that then change are checked (session 48: the scanned GPT vs its unrolled twin
+# 7.5% apart, the 3-D embedding reduce-scatter, the auto mesh search's pins). Measured on the 2-core
+# host with the cap lifted (quiet; unmerged columns, refinement LP iterations, LP time, objective
+# merged -> refined): the 2-layer test GPT 2x4 262k, 14.0k it, 1.4 s,
+# -6.2%; GPT-1.3B 1x4 242k, 28.5k, 1.1 s, -0.3%; GPT-6.7B 2x8 381k, 30.3k, 7 s, -1.7%; GPT-39B 8x8
+# 381k, 74.8k, 92 s, -0.5% (its iterations grow dearer: stopped at 20k it takes 1.6 s, 25k 3.0 s,
+# 32k 6.7 s, 40k 15 s); a learned-optimizer meta step 2x4 535k, 22.7k, 5 s, -87%. Probe scripts above 200k
+# (session 47): median -5%, GAN + spectral norm -42.5%, wav2vec CTC -22%, ragged MoE -19%,
+# EfficientNet -17%, each +1.3-5 s of planning.
 REFINE_MAX_COLUMNS = 200_000
+REFINE_LP_ITERATIONS = 32_000
 # A refinement solve is bounded by branch-and-bound nodes (``AutoShardingOption.refine_node_limit``),
 # not by time, so that its result is the same on every machine and under any load (every process
 # of a multi-process job plans on its own and must get the same plan). A wall-clock limit is opt-in
@@ -96,6 +111,9 @@ def refine_unmerged(build, problem, solution, option, num_nodes: int, where: str
         # them, GPT-175B 16x16's 10k rows, the node-limited MIP ran for minutes)
         refined = solve_within_budget(unmerged, option.memory_budget_per_device, _refine_solve_options(option),
                                       f"{where} (unmerged)", start=start)
+    except LpWorkLimitError as e:  # ("auto": a bound on the work, not a failure)
+        log.info("alpa_pass: unmerged refinement skipped on %s: %s; keeping the merged plan", where, e)
+        return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": str(e)}
     except (InfeasibleError, SolverError) as e:  # cannot happen with a feasible start; keep merged
         log.warning("alpa_pass: unmerged refinement failed (%s); keeping the merged plan", e)
         return problem, solution, {**record, "time_s": time.perf_counter() - t, "skipped": f"solve failed: {e}"}
@@ -170,9 +188,11 @@ def _fills(problem, solution) -> float:
 
 def _refine_solve_options(option) -> SolveOptions:
     """The planner's solver options with the refinement's node limit and no objective bound, on the
-    exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away)."""
+    exactly reduced ILP (``eliminate_chains``: the unmerged follower chains folded away); on "auto"
+    its LP stops at ``REFINE_LP_ITERATIONS`` simplex iterations."""
     return dataclasses.replace(option.solve_options(), objective_bound=None, node_limit=option.refine_node_limit,
-                               eliminate_chains=True, start_support_columns=REFINE_SUPPORT_COLUMNS)
+                               eliminate_chains=True, start_support_columns=REFINE_SUPPORT_COLUMNS,
+                               lp_iteration_limit=REFINE_LP_ITERATIONS if option.refine_unmerged == "auto" else None)
 
 
 def expand_assignment(merged, assignment, unmerged, num_nodes: int, record: dict | None = None):

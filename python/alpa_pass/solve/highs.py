@@ -66,7 +66,11 @@ class SolveOptions:
     LP's support; ``None``: a start always goes to the full MIP. For the unmerged refinement
     (``driver.refine``): GPT-175B 16x16's reduced ILP, 82,020 columns, spent 100-190 s in the full
     MIP's root cut rounds for 1.4446e11 (scaled); its LP takes 8 s and the MIP over the LP's
-    support and the start 1.1 s, 1.4513e11 (+0.46%))."""
+    support and the start 1.1 s, 1.4513e11 (+0.46%)),
+    lp_iteration_limit (the LP-support path's LP relaxation stops after this many simplex
+    iterations, counted over its rounds, and the solve raises ``solve.support.LpWorkLimitError``
+    instead of trying the full MIP: a bound on work that is the same on every machine; ``None``:
+    none. The unmerged refinement's, ``driver.refine.REFINE_LP_ITERATIONS``)."""
 
     time_limit_s: float | None = None
     rel_gap: float = 1e-4
@@ -83,6 +87,7 @@ class SolveOptions:
     support_gap: float | None = None
     support_draft: bool = False
     start_support_columns: int | None = None
+    lp_iteration_limit: int | None = None
 
 
 @dataclasses.dataclass

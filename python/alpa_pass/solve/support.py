@@ -15,6 +15,7 @@ import highspy
 import numpy as np
 import scipy.sparse
 
+from alpa_pass.errors import SolverError
 from alpa_pass.solve.highs_io import _highs, _pass_model, _run, _set_start
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,11 @@ class ColumnSpace:
 CARRIED_NODE_LIMIT = 10
 
 
+class LpWorkLimitError(SolverError):
+    """The LP relaxation stopped at ``SolveOptions.lp_iteration_limit`` simplex iterations (a
+    deterministic bound: the same on any machine): no plan, and no full MIP tried after it."""
+
+
 def support_plan(model, options, candidate=None, carried=None):
     """(column vector, LP bound, relative gap, strategies used) of a plan of ``model`` found from
     its LP relaxation (``SolveOptions.support_gap``), or None when the LP does not solve or no
@@ -114,7 +120,8 @@ def support_plan(model, options, candidate=None, carried=None):
     tighter than the relaxation's, e.g. more reshard copies counted, and the relaxation's support
     alone often has no plan), stopped at a plan within ``support_gap`` of that bound, returned
     without an LP. "Strategies used": the restricted MIP's mask and the plan's strategies (None
-    for a plan found on ``carried``)."""
+    for a plan found on ``carried``). Raises LpWorkLimitError when the LP (over all its rounds)
+    stops at ``options.lp_iteration_limit`` simplex iterations."""
     lower, upper_rows = np.asarray(model.row_lower), np.asarray(model.row_upper)
     one_sided = np.isneginf(lower) & np.isfinite(upper_rows)
     matrix = scipy.sparse.csc_matrix((np.asarray(model.a_value, dtype=np.float64), np.asarray(model.a_index),
@@ -188,10 +195,13 @@ def support_plan(model, options, candidate=None, carried=None):
     lp.setOptionValue("solve_relaxation", True)
     _pass_model(lp, with_rows(model, rows, base), highspy)
     priced = None  # the group columns the LP may use once its memory rows start (None: all)
-    rounds = entered = 0
+    rounds = entered = iterations = 0
     while True:
+        if options.lp_iteration_limit is not None:  # (over all rounds: HiGHS counts each run's)
+            lp.setOptionValue("simplex_iteration_limit", max(int(options.lp_iteration_limit) - iterations, 0))
         _run(lp, highspy)
         rounds += 1
+        iterations += int(lp.getInfo().simplex_iteration_count)
         status = lp.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible and priced is not None and not priced.all():
             # (the priced columns alone cannot meet the rows: every column in, the plain LP)
@@ -199,6 +209,9 @@ def support_plan(model, options, candidate=None, carried=None):
             _set_bounds(lp, gs[0] + off, model)
             priced[:] = True
             continue
+        if status == highspy.HighsModelStatus.kIterationLimit:
+            raise LpWorkLimitError(f"its LP relaxation ({int(model.num_cols)} columns, {int(model.num_rows)} rows) "
+                                   f"needs over {options.lp_iteration_limit} simplex iterations")
         if status != highspy.HighsModelStatus.kOptimal:
             log.warning("alpa_pass: the LP relaxation of a budgeted solve stopped with status %s after %.1f s "
                         "(%d memory rows added): solving the full ILP instead, which can take far longer",
