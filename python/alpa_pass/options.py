@@ -100,7 +100,7 @@ class AutoShardingOption:
       refine_unmerged: after the merged solve (``merge_followers``), solve the unmerged ILP
         warm-started from the merged plan and keep it when cheaper (``driver/refine.py``; never
         worse, ``plan.refinement`` records both objectives). True: always; False: never; "auto":
-        when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns (200k), its LP
+        when the unmerged ILP has at most ``driver.refine.REFINE_MAX_COLUMNS`` columns (2M), its LP
         relaxation (LP-support path) needs at most ``driver.refine.REFINE_LP_ITERATIONS`` simplex
         iterations (a deterministic bound on the work; the same on any machine) and no memory
         budget binds (a memory row keeps its groups from being eliminated, so the unmerged chains

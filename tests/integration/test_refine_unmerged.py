@@ -76,29 +76,31 @@ def test_moe_refined_plan_matches_single_device():
 
 @pytest.mark.slow
 def test_gpt_refined_not_worse_under_a_node_limit(monkeypatch):
-    """The 2-layer GPT's unmerged ILP (~262k columns) is above the "auto" column cap. With the cap
-    lifted it refines on "auto" within the LP work bound (its LP: 14.0k of REFINE_LP_ITERATIONS
-    simplex iterations; 145,983 -> 136,980); with the bound below what that LP needs, "auto" keeps
-    the merged plan and says why: a skip that depends on simplex iterations, not on the clock.
-    Forced on, neither applies; with a tiny node limit the warm start still guarantees a plan no
-    worse than the merged one (the node limit, not the time limit, stopped it)."""
+    """The 2-layer GPT's unmerged ILP (~262k columns; "auto" stopped at 200k columns before session
+    48) refines on "auto" within the LP work bound (its LP: 14.0k of REFINE_LP_ITERATIONS simplex
+    iterations; 145,983 -> 136,980). With the bound below what that LP needs, "auto" keeps the
+    merged plan and says why: a skip that depends on simplex iterations, not on the clock; so does
+    a column cap below its size. Forced on, neither applies; with a tiny node limit the warm start
+    still guarantees a plan no worse than the merged one (the node limit, not the time limit,
+    stopped it)."""
     auto, _ = _plan(gpt, gpt.Config(layers=2))  # no wall-clock limit by default
-    assert auto.refinement["skipped"].startswith("unmerged ILP has")
-    monkeypatch.setattr(refine, "REFINE_MAX_COLUMNS", 2_000_000)
-    lifted, _ = _plan(gpt, gpt.Config(layers=2))
-    assert lifted.refinement["solve"] == "unmerged" and lifted.refinement["unmerged_status"] == "LP-support plan"
-    assert lifted.refinement["merged_objective"] == auto.objective
-    assert lifted.objective < 0.97 * auto.objective
+    merged = auto.refinement["merged_objective"]
+    assert REFINE_MAX_COLUMNS >= auto.refinement["unmerged_columns"] > 200_000
+    assert auto.refinement["solve"] == "unmerged" and auto.refinement["unmerged_status"] == "LP-support plan"
+    assert auto.objective < 0.97 * merged
     monkeypatch.setattr(refine, "REFINE_LP_ITERATIONS", 2000)
     bounded, _ = _plan(gpt, gpt.Config(layers=2))
     assert re.fullmatch(r"its LP relaxation \(\d+ columns, \d+ rows\) needs over 2000 simplex iterations",
                         bounded.refinement["skipped"]), bounded.refinement
-    assert bounded.objective == bounded.refinement["merged_objective"] == auto.objective
+    assert bounded.objective == bounded.refinement["merged_objective"] == merged
+    monkeypatch.setattr(refine, "REFINE_MAX_COLUMNS", 200_000)
+    capped, _ = _plan(gpt, gpt.Config(layers=2))
+    assert capped.refinement["skipped"].startswith("unmerged ILP has") and capped.objective == merged
     monkeypatch.undo()
     forced, _ = _plan(gpt, gpt.Config(layers=2), refine_unmerged=True, refine_node_limit=1)
     r = forced.refinement
     assert "time_limited" not in r
-    assert r["merged_objective"] == pytest.approx(auto.objective, rel=1e-9)
+    assert r["merged_objective"] == pytest.approx(merged, rel=1e-9)
     assert forced.objective <= r["merged_objective"]
     assert forced.objective == pytest.approx(min(r["merged_objective"], r["unmerged_objective"]), rel=1e-9)
 
