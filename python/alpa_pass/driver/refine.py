@@ -54,11 +54,12 @@ REFINE_SUPPORT_COLUMNS = 40_000
 # up when the LP-support path's LP relaxation needs more than REFINE_LP_ITERATIONS simplex iterations
 # (a deterministic bound on the solve's work: the same plan on any machine and under any load).
 # Until session 48 the cap was 200k columns, which did not predict the cost. Measured on the 2-core
-# host (quiet; unmerged columns, refinement LP iterations, LP time, objective merged -> refined): the 2-layer test GPT 2x4 262k, 14.0k it, 1.4 s,
-# -6.2%; GPT-1.3B 1x4 242k, 28.5k, 1.1 s, -0.3%; GPT-6.7B 2x8 381k, 30.3k, 7 s, -1.7%; GPT-39B 8x8
-# 381k, 74.8k, 92 s, -0.5% (its iterations grow dearer: stopped at 20k it takes 1.6 s, 25k 3.0 s,
-# 32k 6.7 s, 40k 15 s); a learned-optimizer meta step 2x4 535k, 22.7k, 5 s, -87%. Probe scripts above 200k
-# (session 47): median -5%, GAN + spectral norm -42.5%, wav2vec CTC -22%, ragged MoE -19%,
+# host (quiet; unmerged columns, refinement LP iterations, LP time, objective merged -> refined):
+# the 2-layer test GPT 2x4 262k, 14.0k it, 1.4 s, -6.2%; GPT-1.3B 1x4 242k, 28.5k, 1.1 s, -0.3%;
+# GPT-6.7B 2x8 381k, 30.3k, 7 s, -1.7%; GPT-39B 8x8 381k, 74.8k, 92 s, -0.5% (its iterations grow
+# dearer: stopped at 20k it takes 1.6 s, 25k 3.0 s, 32k 6.7 s, 40k 15 s); a learned-optimizer meta
+# step 2x4 535k, 22.7k, 5 s, -87%. Probe scripts above 200k (session 47): median -5%, GAN +
+# spectral norm -42.5%, wav2vec CTC -22%, ragged MoE -19%,
 # EfficientNet -17%, each +1.3-5 s of planning; a flax LM with a tied 8192-row table 2x4 322k,
 # -26.0%, compiled collectives 2.57 -> 1.65 MB per device (tests/integration/test_plugin.py).
 # Not refined: the unrolled twin of the scanned flax_remat GPT on 2x4 (untied, 609k columns: its LP
