@@ -236,11 +236,15 @@ def test_the_planner_keeps_the_exact_plan_within_the_gap_else_the_cheaper(captur
         assert "the budget binds" in plan.refinement.get("skipped", ""), plan.refinement
     exact = seen["exact"]
     assert exact is not None  # (the case is chosen so the exact-copy MIP has a plan)
+    # (the budgeted solve's plans, before the unmerged refinement: on "auto" it refines a plan whose
+    # budget does not bind, since session 48 at this GPT's size; on jax 0.12.1 the rounds' plan does)
+    merged = [p.refinement["merged_objective"] for p in (plan, rounds)]
     if exact.mip_gap <= ap.AutoShardingOption().solver_support_gap:
-        assert plan.solver_status == EXACT_STATUS
-        assert plan.objective == pytest.approx(exact.objective, rel=1e-9)
+        assert plan.solver_status == EXACT_STATUS or plan.refinement["solve"] == "unmerged"
+        assert merged[0] == pytest.approx(exact.objective, rel=1e-9)
     else:
-        assert plan.objective == pytest.approx(min(exact.objective, rounds.objective), rel=1e-9)
+        assert merged[0] == pytest.approx(min(exact.objective, merged[1]), rel=1e-9)
+    assert plan.objective <= merged[0] and rounds.objective <= merged[1]
 
 
 @pytest.fixture(scope="module")
